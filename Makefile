@@ -1,0 +1,27 @@
+# Two commands set up a fresh machine: `make demo` (the main job) and `make test`.
+# Both create .venv, install torch==2.13.0 first (the CPU build; any other torch
+# request would pull several GB of CUDA packages), then polydist with its extras.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.polydist-installed
+
+.PHONY: demo test setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[examples,test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/polydist run --nproc-per-node 2 examples/train_digits.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,79 @@
+"""The ``polydist`` command: ``polydist run`` launches a script on N ranks; ``polydist info`` shows the context."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional, Sequence
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="polydist", description="Run distributed PyTorch programs on any backend.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="run SCRIPT on N processes per node (PyTorch's elastic agent underneath)",
+        description="Run SCRIPT [ARGS...] (or -m MODULE) as every rank of a job. Output lines are prefixed "
+        "with the rank; when a rank fails, the others are stopped and its traceback is shown.",
+    )
+    run.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N")
+    run.add_argument("--backend", default=None, help="gloo, nccl, mpi, ... (default: nccl with CUDA, else gloo)")
+    run.add_argument("--nnodes", type=int, default=1, metavar="N")
+    run.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="R")
+    run.add_argument("--master-addr", "--master_addr", default=None, metavar="A")
+    run.add_argument("--master-port", "--master_port", type=int, default=None, metavar="P")
+    run.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
+    run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, as python -m")
+    run.add_argument("script", metavar="SCRIPT")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+
+    sub.add_parser("info", help="show what polydist detects about this process")
+    return parser
+
+
+def _run(ns: argparse.Namespace) -> int:
+    from .errors import WorkerFailedError
+    from .launch import launch
+
+    if not ns.module and not os.path.exists(ns.script):
+        print(f"polydist run: no such script: {ns.script}", file=sys.stderr)
+        return 2
+    # This is the launcher's own process: its environment is ours to set, and
+    # the workers inherit it.
+    os.environ["POLYDIST_LAUNCHER"] = "run"
+    if ns.backend:
+        os.environ["POLYDIST_BACKEND"] = ns.backend
+    target = ["-m", ns.script] if ns.module else [ns.script]
+    try:
+        launch(
+            sys.executable,
+            ["-u", "-m", "polydist._script", *target, *ns.args],
+            ns.nproc_per_node,
+            nnodes=ns.nnodes,
+            node_rank=ns.node_rank,
+            master_addr=ns.master_addr,
+            master_port=ns.master_port,
+            prefix_output=not ns.no_prefix,
+        )
+    except WorkerFailedError as exc:
+        print(f"polydist run: job failed\n{exc}", file=sys.stderr, flush=True)
+        return 1
+    except ValueError as exc:
+        print(f"polydist run: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``polydist`` console script; returns the exit code."""
+    ns = _parser().parse_args(argv)
+    if ns.command == "run":
+        return _run(ns)
+    from .context import show_config
+
+    show_config()
+    return 0

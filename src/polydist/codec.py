@@ -1,0 +1,136 @@
+"""Python values ↔ bytes, safely: msgpack plus extension types, no pickle.
+
+Decoding never executes code: it only rebuilds the types listed below, so a
+payload from another rank cannot run anything here. Supported, nested to any
+depth: None, bool, int (any size, exact), float (float64), complex, str
+(UTF-8), bytes (a bytearray arrives as bytes), list, tuple, dict, set, frozenset,
+``pathlib.PurePath``, ``torch.Tensor`` (dense; dtype and shape kept; arrives on
+the decoder's ``device``) and NumPy arrays and scalars (non-object dtypes).
+Anything else raises ``TypeError`` naming the type, at encode time.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Optional
+
+import msgpack
+import numpy as np
+import torch
+
+__all__ = ["encode", "decode", "dtype_name", "torch_dtype"]
+
+# Extension type codes. Part of the wire format: never renumber.
+_TUPLE, _SET, _FROZENSET, _COMPLEX, _BIGINT, _PATH, _TENSOR, _NDARRAY, _NPSCALAR = range(1, 10)
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, default=_default, use_bin_type=True, strict_types=True)
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def _default(obj: Any) -> msgpack.ExtType:
+    kind = type(obj)
+    if kind is tuple:
+        return msgpack.ExtType(_TUPLE, _pack(list(obj)))
+    if kind is set or kind is frozenset:
+        code = _SET if kind is set else _FROZENSET
+        return msgpack.ExtType(code, _pack(list(obj)))
+    if kind is complex:
+        return msgpack.ExtType(_COMPLEX, _pack([obj.real, obj.imag]))
+    if kind is int:  # only reaches here when outside msgpack's 64-bit range
+        size = (obj.bit_length() + 8) // 8
+        return msgpack.ExtType(_BIGINT, obj.to_bytes(size, "little", signed=True))
+    if isinstance(obj, pathlib.PurePath):
+        return msgpack.ExtType(_PATH, _pack([type(obj).__name__, str(obj)]))
+    if isinstance(obj, torch.Tensor):
+        if obj.layout != torch.strided:
+            raise TypeError(f"cannot encode a {obj.layout} tensor; only dense (strided) tensors are supported")
+        return msgpack.ExtType(_TENSOR, _pack([dtype_name(obj.dtype), list(obj.shape), _tensor_bytes(obj)]))
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise TypeError("cannot encode a NumPy array of dtype object")
+        return msgpack.ExtType(_NDARRAY, _pack([obj.dtype.str, list(obj.shape), np.ascontiguousarray(obj).tobytes()]))
+    if isinstance(obj, np.generic) and not isinstance(obj, np.object_):
+        return msgpack.ExtType(_NPSCALAR, _pack([obj.dtype.str, obj.tobytes()]))
+    raise TypeError(
+        f"cannot encode an object of type {kind.__module__}.{kind.__qualname__}: polydist's safe codec "
+        "supports None, bool, int, float, complex, str, bytes, list, tuple, dict, set, Path, "
+        "tensors and NumPy arrays"
+    )
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Wire name of a torch dtype ("float32"); inverse of :func:`torch_dtype`."""
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype called ``name``; ``ValueError`` when there is none (no code runs)."""
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"payload names an unknown torch dtype {name!r}")
+    return dtype
+
+
+def _np_dtype(spec: str) -> np.dtype:
+    dtype = np.dtype(spec)
+    if dtype.hasobject:
+        raise ValueError("payload names a NumPy object dtype, which is refused")
+    return dtype
+
+
+class _Decoder:
+    def __init__(self, device: Optional[torch.device]) -> None:
+        self.device = device
+
+    def unpack(self, data: bytes) -> Any:
+        return msgpack.unpackb(data, ext_hook=self.ext, raw=False, strict_map_key=False, use_list=True)
+
+    def ext(self, code: int, data: bytes) -> Any:
+        if code == _TUPLE:
+            return tuple(self.unpack(data))
+        if code == _SET:
+            return set(self.unpack(data))
+        if code == _FROZENSET:
+            return frozenset(self.unpack(data))
+        if code == _COMPLEX:
+            real, imag = self.unpack(data)
+            return complex(real, imag)
+        if code == _BIGINT:
+            return int.from_bytes(data, "little", signed=True)
+        if code == _PATH:
+            flavour, text = self.unpack(data)
+            return pathlib.PureWindowsPath(text) if flavour.startswith("PureWindows") else pathlib.Path(text)
+        if code == _TENSOR:
+            name, shape, raw = self.unpack(data)
+            dtype = torch_dtype(name)
+            if raw:
+                t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
+            else:
+                t = torch.empty(shape, dtype=dtype)
+            return t.to(self.device) if self.device is not None else t
+        if code == _NDARRAY:
+            spec, shape, raw = self.unpack(data)
+            return np.frombuffer(raw, dtype=_np_dtype(spec)).reshape(shape).copy()
+        if code == _NPSCALAR:
+            spec, raw = self.unpack(data)
+            return np.frombuffer(raw, dtype=_np_dtype(spec))[0]
+        raise ValueError(f"payload holds an unknown extension type code {code}")
+
+
+def encode(obj: Any) -> bytes:
+    """Encode ``obj`` to bytes. Raises ``TypeError`` naming the first unsupported type."""
+    return _pack(obj)
+
+
+def decode(data: bytes, device: Optional[torch.device] = None) -> Any:
+    """Rebuild the value :func:`encode` produced; tensors are moved to ``device`` when given.
+
+    Raises ``ValueError`` on a malformed payload; never executes code.
+    """
+    return _Decoder(device).unpack(data)

@@ -1,0 +1,287 @@
+"""Starting processes: ``spawn``, ``Parallel`` and the engine behind ``polydist run``.
+
+All three go through PyTorch's elastic agent (``torch.distributed.launcher``,
+the machinery of ``torchrun``): no home-made process manager. Single-node jobs
+meet on a stand-alone c10d rendezvous whose TCP store binds port 0 on loopback,
+so the OS picks a free port and two jobs on one machine never collide.
+Multi-node jobs use torchrun's static rendezvous at ``master_addr:master_port``.
+When any worker fails, the agent stops the others and the launcher raises
+:class:`~polydist.errors.WorkerFailedError` naming the failed ranks with their
+tracebacks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import uuid
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from . import context
+from .errors import WorkerFailedError
+
+__all__ = ["spawn", "Parallel", "launch", "worker_setup"]
+
+_SHUTDOWN_TIMEOUT_S = 5  # SIGTERM → SIGKILL grace for the survivors of a failed job
+RANK_PREFIX = "[rank${rank}]: "
+
+
+def _check_positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _config(
+    nproc_per_node: int,
+    nnodes: int,
+    node_rank: int,
+    master_addr: Optional[str],
+    master_port: Optional[int],
+    logs_specs: DefaultLogsSpecs,
+    prefix: Optional[str],
+) -> LaunchConfig:
+    _check_positive("nproc_per_node", nproc_per_node)
+    _check_positive("nnodes", nnodes)
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
+        raise ValueError(f"node_rank must be in [0, nnodes={nnodes}), got {node_rank!r}")
+    common = dict(
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        max_restarts=0,
+        logs_specs=logs_specs,
+        log_line_prefix_template=prefix,
+        shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+    )
+    if nnodes == 1 and master_addr is None:
+        port = master_port or 0  # 0: the store binds a free port chosen by the OS
+        return LaunchConfig(
+            run_id=uuid.uuid4().hex,
+            rdzv_backend="c10d",
+            rdzv_endpoint=f"127.0.0.1:{port}",
+            rdzv_configs={"is_host": True},
+            local_addr="127.0.0.1",
+            **common,
+        )
+    if not master_addr or not master_port:
+        raise ValueError(
+            f"a job on nnodes={nnodes} needs master_addr and master_port (the address of node 0), "
+            f"got master_addr={master_addr!r}, master_port={master_port!r}"
+        )
+    return LaunchConfig(
+        run_id="polydist",
+        rdzv_backend="static",
+        rdzv_endpoint=f"{master_addr}:{master_port}",
+        rdzv_configs={"rank": node_rank},
+        **common,
+    )
+
+
+def launch(
+    entrypoint: Union[Callable, str],
+    args: Sequence[Any],
+    nproc_per_node: int,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    prefix_output: bool = False,
+) -> dict[int, Any]:
+    """Run ``entrypoint(*args)`` (a picklable function or an executable) in
+    ``nproc_per_node`` processes on this node under PyTorch's elastic agent.
+
+    Returns ``{global rank: return value}`` for this node's workers (None
+    values for an executable). With ``prefix_output`` each output line is
+    prefixed ``[rankN]: ``. Raises :class:`WorkerFailedError` when a worker
+    fails (after the others were stopped), ``ValueError`` for bad sizes.
+    """
+    with tempfile.TemporaryDirectory(prefix="polydist-logs-") as log_dir:
+        tee = Std.ALL if prefix_output else Std.NONE
+        specs = DefaultLogsSpecs(log_dir=log_dir, tee=tee)
+        cfg = _config(
+            nproc_per_node, nnodes, node_rank, master_addr, master_port, specs, RANK_PREFIX if prefix_output else None
+        )
+        try:
+            return elastic_launch(cfg, entrypoint)(*args)
+        except ChildFailedError as exc:
+            raise _failure_report(exc) from None
+
+
+# Errors a rank gets when a *peer* went away mid-collective: consequences, not causes.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker")
+
+
+def _traceback(failure: Any) -> str:
+    data = failure.error_file_data or {}
+    message = data.get("message")
+    if isinstance(message, dict):
+        return message.get("extraInfo", {}).get("py_callstack") or message.get("message", "")
+    return failure.message or ""
+
+
+def _failure_report(exc: ChildFailedError) -> WorkerFailedError:
+    """Name the rank that caused the failure and show its traceback.
+
+    torch picks the earliest failure by a timestamp in whole seconds, so a
+    rank that died of "connection closed by peer" can tie with, and be
+    blamed for, the rank that really raised. Rank causes above consequences
+    (peer-gone errors, ranks the agent stopped), then by time.
+    """
+    def consequence(item: tuple) -> tuple:
+        _, f = item
+        peer_gone = any(marker in _traceback(f) for marker in _PEER_GONE)
+        stopped = f.exitcode == -signal.SIGTERM
+        return (peer_gone or stopped, f.timestamp)
+
+    ordered = sorted(exc.failures.items(), key=consequence)
+    root_rank, root = ordered[0]
+    lines = [
+        f"rank {root_rank} (local rank {root.local_rank}, pid {root.pid}) failed first, with exit code "
+        f"{root.exitcode}; the other ranks were stopped.",
+        f"--- traceback of rank {root_rank} ---",
+        _traceback(root).rstrip() or "(no traceback recorded: the process died without raising)",
+    ]
+    for rank, f in ordered[1:]:
+        last = (_traceback(f).strip().splitlines() or [""])[-1]
+        lines.append(f"rank {rank}: exit code {f.exitcode}{': ' + last if last else ''}")
+    failures = {r: (f.exitcode, _traceback(f)) for r, f in exc.failures.items()}
+    return WorkerFailedError("\n".join(lines), failures, root_rank)
+
+
+def worker_setup() -> None:
+    """Per-worker defaults: one share of the CPU cores for intra-op threads.
+
+    Like torchrun, avoid oversubscription when several workers share a node;
+    an explicit ``OMP_NUM_THREADS`` wins.
+    """
+    if "OMP_NUM_THREADS" not in os.environ:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
+
+
+def _spawned(fn: Callable, args: tuple, kwargs: dict, backend: Optional[str], init: dict) -> Any:
+    """Body of each spawned process: join the job, call ``fn(local_rank, ...)``, leave."""
+    worker_setup()
+    context.initialize(backend, **init)
+    result = fn(context.get_local_rank(), *args, **kwargs)
+    # Only on success: after an error the process exits and its peers see it
+    # at once, whereas tearing the group down first could block.
+    context.finalize()
+    return result
+
+
+def spawn(
+    backend: Optional[str],
+    fn: Callable[..., Any],
+    args: tuple = (),
+    kwargs_dict: Optional[dict] = None,
+    nproc_per_node: int = 1,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    init_method: Optional[str] = None,
+    timeout: Optional[float] = None,
+) -> list:
+    """Start ``nproc_per_node`` processes on this node, each calling
+    ``fn(local_rank, *args, **kwargs_dict)`` inside an initialized job.
+
+    Args:
+        backend: as for :func:`polydist.initialize` (None: nccl with CUDA, else gloo).
+        fn: a module-level (picklable) function; processes start with the
+            ``spawn`` method, so it must be importable.
+        nnodes, node_rank, master_addr, master_port: multi-node jobs: run
+            ``spawn`` on each node with its ``node_rank`` and node 0's address.
+            Single-node jobs need none of them (a free loopback port is used).
+        init_method, timeout: passed to :func:`polydist.initialize`.
+
+    Returns:
+        The return values of ``fn`` on this node, by local rank.
+
+    Raises:
+        WorkerFailedError: a process raised or died; the others were stopped;
+            the message names the failed ranks and shows their tracebacks.
+        ValueError: bad sizes, or multi-node without master address/port.
+
+    Source: idist ``spawn``, on ``torch.distributed.launcher`` instead of
+    ``torch.multiprocessing.spawn``.
+    """
+    init = {"init_method": init_method, "timeout": timeout}
+    results = launch(
+        _spawned,
+        (fn, tuple(args), dict(kwargs_dict or {}), backend, init),
+        nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
+    return [results[rank] for rank in sorted(results)]
+
+
+class Parallel:
+    """Context manager that runs a function on every rank, however the job was launched.
+
+    ``with Parallel(backend="gloo", nproc_per_node=4) as p: p.run(fn, *args)``
+    spawns 4 processes (as :func:`spawn`) and calls ``fn(local_rank, *args)``.
+    Without ``nproc_per_node`` it joins the job this process is already in
+    (``polydist run``, torchrun, ...) — or runs serially — and calls
+    ``fn(local_rank, *args, **kwargs)`` here, finalizing on exit.
+
+    Source: idist ``Parallel``.
+    """
+
+    def __init__(
+        self,
+        backend: Optional[str] = None,
+        nproc_per_node: Optional[int] = None,
+        nnodes: Optional[int] = None,
+        node_rank: Optional[int] = None,
+        master_addr: Optional[str] = None,
+        master_port: Optional[int] = None,
+        init_method: Optional[str] = None,
+        **spawn_kwargs: Any,
+    ) -> None:
+        self.backend = backend
+        self.spawn_kwargs = dict(
+            nnodes=nnodes or 1,
+            node_rank=node_rank or 0,
+            master_addr=master_addr,
+            master_port=master_port,
+            init_method=init_method,
+            **spawn_kwargs,
+        )
+        self.nproc_per_node = nproc_per_node
+        if nproc_per_node is not None:
+            _check_positive("nproc_per_node", nproc_per_node)
+
+    def __enter__(self) -> "Parallel":
+        if self.nproc_per_node is None:
+            init = {"timeout": self.spawn_kwargs.get("timeout")}
+            if self.spawn_kwargs["init_method"]:
+                init["init_method"] = self.spawn_kwargs["init_method"]
+            context.initialize(self.backend, **init)
+        return self
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn(local_rank, *args, **kwargs)`` on every rank; see the class docstring.
+
+        Returns the list of this node's return values when spawning, else this
+        rank's return value.
+        """
+        if self.nproc_per_node is None:
+            return fn(context.get_local_rank(), *args, **kwargs)
+        return spawn(self.backend, fn, args, kwargs, self.nproc_per_node, **self.spawn_kwargs)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.nproc_per_node is None:
+            context.finalize()

@@ -1,0 +1,86 @@
+"""Reduce-op names → ``torch.distributed.ReduceOp``, and which dtypes each op accepts."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["OpLike", "resolve_op", "to_reduce_op", "check_op_dtype"]
+
+OpLike = Union[str, "dist.ReduceOp", "dist.ReduceOp.RedOpType"]
+
+_NAMES = {
+    "SUM": dist.ReduceOp.SUM,
+    "PRODUCT": dist.ReduceOp.PRODUCT,
+    "PROD": dist.ReduceOp.PRODUCT,
+    "MIN": dist.ReduceOp.MIN,
+    "MAX": dist.ReduceOp.MAX,
+    "AVG": dist.ReduceOp.AVG,
+    "MEAN": dist.ReduceOp.AVG,
+    "AND": dist.ReduceOp.BAND,
+    "BAND": dist.ReduceOp.BAND,
+    "OR": dist.ReduceOp.BOR,
+    "BOR": dist.ReduceOp.BOR,
+    "XOR": dist.ReduceOp.BXOR,
+    "BXOR": dist.ReduceOp.BXOR,
+}
+# Canonical names, as the design reference spells them.
+_CANONICAL = {
+    dist.ReduceOp.SUM: "SUM",
+    dist.ReduceOp.PRODUCT: "PRODUCT",
+    dist.ReduceOp.MIN: "MIN",
+    dist.ReduceOp.MAX: "MAX",
+    dist.ReduceOp.AVG: "AVG",
+    dist.ReduceOp.BAND: "AND",
+    dist.ReduceOp.BOR: "OR",
+    dist.ReduceOp.BXOR: "XOR",
+}
+
+
+def resolve_op(op: OpLike) -> str:
+    """Return the canonical op name ("SUM", ..., "XOR") for ``op``.
+
+    ``op`` is a name in any case ("sum", "Max", "and") or a
+    ``torch.distributed.ReduceOp``. Raises ``ValueError`` naming ``op`` when it
+    is neither a known name nor a supported ReduceOp.
+    """
+    if isinstance(op, str):
+        try:
+            return _CANONICAL[_NAMES[op.upper()]]
+        except KeyError:
+            raise ValueError(
+                f"unknown reduce op {op!r}; expected one of "
+                "'SUM', 'PRODUCT', 'MIN', 'MAX', 'AVG', 'AND', 'OR', 'XOR' (any case)"
+            ) from None
+    red_type = getattr(op, "op", op)  # a ReduceOp instance wraps its RedOpType
+    for known, name in _CANONICAL.items():
+        if red_type == known:
+            return name
+    raise ValueError(f"unsupported reduce op {op!r}")
+
+
+def to_reduce_op(name: str) -> dist.ReduceOp:
+    """The ``torch.distributed.ReduceOp`` for a canonical op name."""
+    return _NAMES[name]
+
+
+def check_op_dtype(name: str, dtype: torch.dtype) -> None:
+    """Raise ``TypeError`` when reduce op ``name`` is undefined on ``dtype``.
+
+    AND/OR/XOR need bool or integer tensors; MIN/MAX/PRODUCT are undefined on
+    complex tensors; AVG needs a floating-point or complex dtype (an integer
+    average cannot be written back in place).
+    """
+    floating = dtype.is_floating_point
+    complex_ = dtype.is_complex
+    if name in ("AND", "OR", "XOR") and (floating or complex_):
+        raise TypeError(f"reduce op {name} is defined on bool and integer tensors only, got dtype {dtype}")
+    if name in ("MIN", "MAX", "PRODUCT") and complex_:
+        raise TypeError(f"reduce op {name} is not defined on complex dtype {dtype}")
+    if name == "AVG" and not (floating or complex_):
+        raise TypeError(
+            f"reduce op AVG needs a floating-point tensor to hold the result in place, got dtype {dtype}; "
+            "use op='SUM' and divide, or convert the tensor to a floating dtype"
+        )
