@@ -174,7 +174,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"batch {args.batch_size} global = {args.batch_size // world} per rank"
         )
     start = time.perf_counter()
-    bar = tqdm(range(args.epochs), desc="epochs", disable=not main_rank)
+    # stdout, like the other lines of rank 0, so that the launcher keeps them in order.
+    bar = tqdm(range(args.epochs), desc="epochs", disable=not main_rank, file=sys.stdout)
     for epoch in bar:
         loss = train_epoch(model, optimizer, x_train, y_train, args.batch_size, args.seed + epoch)
         bar.set_postfix(loss=f"{loss:.4f}")

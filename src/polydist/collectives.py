@@ -208,11 +208,10 @@ def all_gather(x: Any, group: GroupLike = None, *, concat: bool = True) -> Any:
     idist ``all_gather`` (which aborts on uneven shapes; this does not).
     """
     if not isinstance(x, torch.Tensor):
-        payload_check = codec.encode(x)  # fail before any communication
         res = _group(group)
         if res is None:
-            return [codec.decode(payload_check)]
-        return values.all_gather_value(x, res)
+            return [codec.decode(codec.encode(x))]  # same value semantics as a real gather
+        return values.all_gather_value(x, res)  # encodes (TypeError) before communicating
     res = _group(group)
     if res is None:
         if concat:
