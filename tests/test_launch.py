@@ -1,6 +1,5 @@
 """Launching: spawn, Parallel, and the polydist run CLI (success, rank prefixes, failing ranks)."""
 
-import os
 import subprocess
 import sys
 import textwrap

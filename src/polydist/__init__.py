@@ -4,7 +4,6 @@
 runs unchanged). See DESIGN.md for the contract.
 """
 
-from . import collectives, context, errors, launch
 from .collectives import all_gather, all_reduce, barrier, broadcast
 from .context import (
     available_backends,
@@ -29,5 +28,35 @@ from .launch import Parallel, spawn
 
 __version__ = "0.1.0"
 
-# The public names are exactly those of the modules' own __all__ lists.
-__all__ = [*context.__all__, *collectives.__all__, "new_group", "spawn", "Parallel", *errors.__all__]
+__all__ = [
+    # context
+    "initialize",
+    "finalize",
+    "is_initialized",
+    "get_rank",
+    "get_world_size",
+    "get_local_rank",
+    "get_nproc_per_node",
+    "get_nnodes",
+    "get_node_rank",
+    "is_main_process",
+    "backend",
+    "device",
+    "hostname",
+    "available_backends",
+    "show_config",
+    # launching
+    "spawn",
+    "Parallel",
+    # collectives
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "barrier",
+    "new_group",
+    # errors
+    "PolydistError",
+    "NotInitializedError",
+    "CollectiveMismatchError",
+    "WorkerFailedError",
+]
