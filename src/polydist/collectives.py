@@ -207,12 +207,11 @@ def all_gather(x: Any, group: GroupLike = None, *, concat: bool = True) -> Any:
     Source: ``torch.distributed.all_gather`` / ``all_gather_into_tensor``;
     idist ``all_gather`` (which aborts on uneven shapes; this does not).
     """
+    res = _group(group)
     if not isinstance(x, torch.Tensor):
-        res = _group(group)
         if res is None:
             return [codec.decode(codec.encode(x))]  # same value semantics as a real gather
         return values.all_gather_value(x, res)  # encodes (TypeError) before communicating
-    res = _group(group)
     if res is None:
         if concat:
             return x.reshape(1) if x.dim() == 0 else x
