@@ -4,7 +4,8 @@
 runs unchanged). See DESIGN.md for the contract.
 """
 
-from .collectives import all_gather, all_reduce, barrier, broadcast
+from .codec import set_allow_pickle
+from .collectives import all_reduce, barrier, broadcast, reduce, reduce_scatter
 from .context import (
     available_backends,
     backend,
@@ -22,9 +23,13 @@ from .context import (
     is_main_process,
     show_config,
 )
+from .debug import is_debug, set_debug
 from .errors import CollectiveMismatchError, NotInitializedError, PolydistError, WorkerFailedError
+from .gathering import all_gather, all_to_all, gather, scatter
 from .groups import new_group
 from .launch import Parallel, spawn
+from .p2p import irecv, isend, recv, send
+from .work import Work
 
 __version__ = "0.1.0"
 
@@ -50,10 +55,24 @@ __all__ = [
     "Parallel",
     # collectives
     "all_reduce",
+    "reduce",
     "broadcast",
     "all_gather",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
     "barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "Work",
     "new_group",
+    # settings
+    "set_debug",
+    "is_debug",
+    "set_allow_pickle",
     # errors
     "PolydistError",
     "NotInitializedError",

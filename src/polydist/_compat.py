@@ -4,5 +4,6 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-# PyTorch 2.13 renamed all_gather_into_tensor to all_gather_single and deprecated the old name.
+# PyTorch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single and deprecated the old names.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

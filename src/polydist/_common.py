@@ -1,0 +1,77 @@
+"""Argument handling shared by the collective modules (internal)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from .context import require_group
+from .groups import GroupLike, Resolved, resolve
+from .work import Work
+
+# Backends whose reduce() leaves the input of non-destination ranks untouched.
+# gloo (and unknown backends, to be safe) write partial results into it.
+_REDUCE_KEEPS_INPUT = frozenset({"nccl", "mpi", "mpi4py"})
+# Backends with a native ReduceOp.AVG that matches SUM-then-divide.
+_NATIVE_AVG = frozenset({"nccl"})
+
+
+def active_group(group: GroupLike) -> Optional[Resolved]:
+    """The resolved group, or None when the run is serial (no process group, not launched)."""
+    return resolve(group) if require_group() else None
+
+
+def backend_of(res: Resolved) -> str:
+    return str(dist.get_backend(res.pg))
+
+
+def reduce_keeps_input(res: Resolved) -> bool:
+    return backend_of(res) in _REDUCE_KEEPS_INPUT
+
+
+def native_avg(res: Resolved) -> bool:
+    return backend_of(res) in _NATIVE_AVG
+
+
+def check_serial_root(root: int, name: str) -> None:
+    if isinstance(root, bool) or not isinstance(root, int):
+        raise TypeError(f"{name} must be an int global rank, got {root!r}")
+    if root != 0:
+        raise ValueError(f"{name}={root} is not a rank of a serial (world size 1) run")
+
+
+def contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.is_contiguous() else x.contiguous()
+
+
+def check_tensor(x: Any, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} takes a tensor, got {type(x).__name__}: {x!r}")
+    if x.layout != torch.strided:
+        raise TypeError(f"{name} takes a dense (strided) tensor, got layout {x.layout}")
+    return x
+
+
+def check_list(xs: Any, size: int, name: str, what: str) -> list:
+    """``xs`` as a list of exactly ``size`` items; ``ValueError``/``TypeError`` naming the bad value."""
+    if not isinstance(xs, (list, tuple)):
+        raise TypeError(f"{name} takes a list with one item per rank of the group ({what}), got {type(xs).__name__}")
+    if len(xs) != size:
+        raise ValueError(f"{name} needs a list of {size} items, one per rank of the group ({what}), got {len(xs)}")
+    return list(xs)
+
+
+def finish(result_fn, works, async_op: bool) -> Any:
+    """Return ``result_fn()`` now, or a :class:`Work` that waits ``works`` and then calls it."""
+    if async_op:
+        return Work(works, result_fn)
+    for w in works:
+        if w is not None:
+            w.wait()
+    return result_fn()
+
+
+def done(result: Any, async_op: bool) -> Any:
+    return Work.done(result) if async_op else result
