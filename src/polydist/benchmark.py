@@ -50,23 +50,22 @@ __all__ = [
 ]  # fmt: skip
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+PathLike = Union[str, "os.PathLike[str]"]
 
 # ---------------------------------------------------------------- sizes
 
 _UNITS = {"": 1, "B": 1, "K": KiB, "KB": KiB, "KIB": KiB, "M": MiB, "MB": MiB, "MIB": MiB, "G": GiB, "GB": GiB,
-          "GIB": GiB}
+          "GIB": GiB}  # fmt: skip
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
 
 
 def parse_size(text: Union[str, int]) -> int:
-    """Bytes in ``text``: "8", "8B", "4KiB", "4K", "64MiB", "1GiB" (case-insensitive).
+    """Bytes in ``text``: "8", "8B", "4KiB", "4K", "64MiB", "1GiB" (case-insensitive), or an int.
 
     K/KB/KiB all mean 1024 (as nccl-tests' ``-b 4K``). Raises ``ValueError``
-    on anything else, e.g. fractions, negative numbers or unknown units.
+    on anything else: fractions, negative numbers, unknown units.
     """
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"a size must be >= 0 bytes, got {text}")
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
         return text
     match = _SIZE_RE.match(str(text))
     unit = match.group(2).upper() if match else None
@@ -88,32 +87,19 @@ def size_range(lo: Union[str, int], hi: Union[str, int], factor: int = 2) -> lis
     lo_b, hi_b = parse_size(lo), parse_size(hi)
     if lo_b < 1 or hi_b < lo_b or factor < 2:
         raise ValueError(f"need 1 <= lo <= hi and factor >= 2, got lo={lo!r}, hi={hi!r}, factor={factor!r}")
-    sizes = []
-    size = lo_b
-    while size <= hi_b:
-        sizes.append(size)
-        size *= factor
+    sizes = [lo_b]
+    while sizes[-1] * factor <= hi_b:
+        sizes.append(sizes[-1] * factor)
     return sizes
 
 
 # ---------------------------------------------------------------- bandwidth
 
-
-def _ring(n: int) -> float:
-    return (n - 1) / n
-
-
-# Bus-bandwidth factor per collective, as a function of the rank count n (nccl-tests conventions).
+# busbw / algbw per collective, as a function of the rank count n (nccl-tests doc/PERFORMANCE.md).
 BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda n: 2 * _ring(n),
-    "all_gather": _ring,
-    "reduce_scatter": _ring,
-    "all_to_all": _ring,
-    "gather": _ring,
-    "scatter": _ring,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send_recv": lambda n: 1.0,
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    **dict.fromkeys(("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"), lambda n: (n - 1) / n),
+    **dict.fromkeys(("broadcast", "reduce", "send_recv"), lambda n: 1.0),
 }
 
 
@@ -124,13 +110,11 @@ def busbw_factor(collective: str, world_size: int) -> Optional[float]:
 
 
 def bandwidths(collective: str, size: int, time_s: Optional[float], world_size: int) -> tuple:
-    """``(algbw, busbw)`` in GB/s (1e9 B/s) for ``size`` bytes in ``time_s`` seconds; None where undefined."""
-    if time_s is None or not time_s > 0 or math.isinf(time_s):
+    """``(algbw, busbw)`` in GB/s (1e9 B/s) for ``size`` bytes in ``time_s`` seconds; ``(None, None)`` if undefined."""
+    factor = busbw_factor(collective, world_size)
+    if time_s is None or not 0 < time_s < math.inf or factor is None:
         return None, None
     algbw = size / time_s / 1e9
-    factor = busbw_factor(collective, world_size)
-    if factor is None:
-        return None, None
     return algbw, algbw * factor
 
 
@@ -139,7 +123,7 @@ def bandwidths(collective: str, size: int, time_s: Optional[float], world_size: 
 
 @dataclass(frozen=True)
 class Timing:
-    """Times of one callable: seconds per call for each repeat, each the max over ranks.
+    """Seconds per call of one callable, one value per repeat, each the max over ranks.
 
     ``error`` is set (and ``per_repeat_s`` empty) when the callable raised.
     """
@@ -164,25 +148,18 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _comm_device(group: Any) -> torch.device:
-    backend = str(dist.get_backend(group))
-    return torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
+def _nccl(group: Any) -> bool:
+    return _distributed() and "nccl" in str(dist.get_backend(group))
 
 
-def _max_over_ranks(values: Sequence[float], group: Any) -> list[float]:
+def _max_over_ranks(values: list[float], group: Any) -> list[float]:
     """Element-wise MAX over the ranks of ``group``, through raw torch.distributed (float64)."""
     if not _distributed() or not values:
-        return list(values)
-    t = torch.tensor(list(values), dtype=torch.float64, device=_comm_device(group))
+        return values
+    device = torch.device("cuda", torch.cuda.current_device()) if _nccl(group) else torch.device("cpu")
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.cpu().tolist()
-
-
-def _default_sync(group: Any) -> Optional[Callable[[], None]]:
-    """Wait for queued device work before reading the clock (CUDA with nccl); None on CPU."""
-    if _distributed() and torch.cuda.is_available() and "nccl" in str(dist.get_backend(group)):
-        return torch.cuda.synchronize
-    return None
 
 
 def measure_many(
@@ -200,55 +177,49 @@ def measure_many(
     """Time several callables against each other, interleaving their repeats.
 
     Every rank must call this with the same ``fns`` keys (in the same order)
-    and arguments. Steps: barrier; ``warmup`` untimed calls of each callable
-    (timed only to choose ``iters``); then ``repeats`` rounds, each timing every
-    callable in turn — barrier, ``iters`` back-to-back calls between two
-    ``time.perf_counter()`` reads, per-call mean. Interleaving the rounds
-    spreads slow drifts of the machine (other load, clock changes) over all
-    callables alike, so their ratio is fair. Finally one MAX all-reduce over
-    the ranks of ``group`` (raw torch.distributed) makes the results identical
-    on every rank.
+    and arguments. Per callable: barrier, ``warmup`` untimed calls (timed
+    singly only to choose ``iters``). Then ``repeats`` rounds, each timing
+    every callable in turn: barrier, ``iters`` back-to-back calls between two
+    ``time.perf_counter()`` reads, per-call mean. Interleaving spreads slow
+    drifts of the machine (other load, clock changes) over all callables
+    alike, so their ratios are fair. Last, one MAX all-reduce over the ranks
+    of ``group`` (raw torch.distributed) makes the results the same on every
+    rank.
 
     Args:
-        fns: label → zero-argument callable that runs one operation (e.g. one
+        fns: label → zero-argument callable running one operation (e.g. one
             collective call on a preallocated tensor).
-        iters: calls per timed block. None: chosen per callable so that a
-            block lasts about ``target_s`` seconds, from the slowest rank's
-            median warm-up call (at least 1, at most ``max_iters``).
+        iters: calls per timed block. None: per callable, enough for a block
+            of about ``target_s`` seconds judging by the slowest rank's median
+            warm-up call (1 to ``max_iters``).
         warmup: untimed calls before timing (at least 1 when ``iters`` is None).
         repeats: timed blocks per callable (>= 1).
         group: the process group to barrier and reduce over (None: world).
-        sync: called before each clock read after the calls, to wait for
+        sync: called after the calls, before reading the clock, to wait for
             asynchronous device work; default ``torch.cuda.synchronize`` with
             nccl, nothing otherwise.
-        catch: record an exception of a callable as ``Timing.error`` and
-            drop that callable, instead of raising. Only safe when the failure
-            happens on every rank alike (e.g. before any communication);
-            a rank failing alone leaves the others waiting in the collective.
+        catch: record an exception of a callable as ``Timing.error`` and skip
+            that callable from then on, instead of raising. Only safe when
+            the failure happens on every rank alike (e.g. before any
+            communication): a rank failing alone leaves the others waiting.
 
     Returns:
         label → :class:`Timing`, the same on every rank. Serial (no process
         group): local times, no barriers.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if iters is not None and iters < 1:
-        raise ValueError(f"iters must be >= 1 or None, got {iters}")
-    if iters is None:
-        warmup = max(warmup, 1)
+    if repeats < 1 or (iters is not None and iters < 1):
+        raise ValueError(f"repeats and iters must be >= 1, got repeats={repeats}, iters={iters}")
+    warmup = max(warmup, 1) if iters is None else warmup
     distributed = _distributed()
-    if sync is None:
-        sync = _default_sync(group)
-
-    def barrier() -> None:
-        if distributed:
-            dist.barrier(group=group)
-
+    if sync is None and _nccl(group):
+        sync = torch.cuda.synchronize
     labels = list(fns)
     errors: dict[str, str] = {}
 
     def block(label: str, n: int) -> float:
-        """Mean seconds per call of ``n`` back-to-back calls; inf if the callable failed (now or before)."""
+        """Barrier, then mean seconds per call of ``n`` back-to-back calls; inf once the callable failed."""
+        if distributed:
+            dist.barrier(group=group)
         if label in errors:
             return math.inf
         try:
@@ -264,28 +235,17 @@ def measure_many(
             errors[label] = f"{type(exc).__name__}: {exc}"
             return math.inf
 
-    # Warm-up; its median single call, slowest rank, sets the iteration count.
-    estimates = []
-    for label in labels:
-        barrier()
-        estimates.append(statistics.median([block(label, 1) for _ in range(warmup)]) if warmup else 0.0)
-    estimates = _max_over_ranks(estimates, group)
+    estimates = [statistics.median([block(label, 1) for _ in range(warmup)]) if warmup else 0.0 for label in labels]
     counts = {}
-    for label, est in zip(labels, estimates):
-        auto = max_iters if est <= 0 or math.isinf(est) else math.ceil(target_s / est)
+    for label, est in zip(labels, _max_over_ranks(estimates, group)):
+        auto = math.ceil(target_s / est) if 0 < est < math.inf else max_iters
         counts[label] = iters if iters is not None else max(1, min(max_iters, auto))
-
-    # Timed rounds, interleaved.
-    blocks: dict[str, list[float]] = {label: [] for label in labels}
-    for _ in range(repeats):
-        for label in labels:
-            barrier()
-            blocks[label].append(block(label, counts[label]))
-    flat = _max_over_ranks([t for label in labels for t in blocks[label]], group)
+    rounds = [[block(label, counts[label]) for label in labels] for _ in range(repeats)]
+    flat = _max_over_ranks([t for row in rounds for t in row], group)
     results = {}
     for i, label in enumerate(labels):
-        times = tuple(flat[i * repeats : (i + 1) * repeats])
-        if label in errors or any(math.isinf(t) for t in times):
+        times = tuple(flat[r * len(labels) + i] for r in range(repeats))
+        if label in errors or math.inf in times:
             results[label] = Timing((), counts[label], warmup, errors.get(label, "failed on another rank"))
         else:
             results[label] = Timing(times, counts[label], warmup)
@@ -346,22 +306,21 @@ class Record:
         group: Any = None,
         **extras: Any,
     ) -> "Record":
-        """Build a record from :func:`measure`'s result, filling backend, world size and bandwidths.
+        """A record of :func:`measure`'s result, with backend and world size of ``group`` and bandwidths.
 
         ``scale`` multiplies the times, e.g. 0.5 to report one leg of a timed
-        ping-pong round trip. Backend and world size come from ``group``
-        (None when serial: backend None, world size 1).
+        ping-pong round trip. Serial: backend None, world size 1.
         """
-        if _distributed():
-            backend, world_size = str(dist.get_backend(group)), dist.get_world_size(group)
-        else:
-            backend, world_size = None, 1
+        backend = str(dist.get_backend(group)) if _distributed() else None
+        world_size = dist.get_world_size(group) if _distributed() else 1
         median = timing.median_s * scale if timing.median_s is not None else None
         fastest = timing.min_s * scale if timing.min_s is not None else None
         algbw, busbw = bandwidths(collective, size, median, world_size)
         return cls(
-            collective, implementation, backend, world_size, size, dtype, median, algbw, busbw, count, case,
-            fastest, timing.iters, len(timing.per_repeat_s), timing.error, wrong, dict(extras),
+            collective=collective, implementation=implementation, backend=backend, world_size=world_size,
+            size=size, dtype=dtype, time_s=median, algbw_GBps=algbw, busbw_GBps=busbw, count=count, case=case,
+            time_min_s=fastest, iters=timing.iters, repeats=len(timing.per_repeat_s), error=timing.error,
+            wrong=wrong, extras=dict(extras),
         )  # fmt: skip
 
 
@@ -373,15 +332,23 @@ def _num(value: Optional[float]) -> str:
     return "-" if value is None else format(value, ".2f" if value >= 10 else ".4f")
 
 
+def _cells(r: Optional[Record]) -> list[str]:
+    if r is None:
+        return ["-", "-", "-"]
+    if r.error is not None or r.time_s is None:
+        return ["failed", "-", "-"]
+    return [f"{r.time_s * 1e6:.1f}" + (" (wrong)" if r.wrong else ""), _num(r.algbw_GBps), _num(r.busbw_GBps)]
+
+
 def format_table(records: Sequence[Record], *, reference: Optional[str] = None, markdown: bool = False) -> str:
     """nccl-tests-like table: one row per (collective, case, size, dtype), implementations side by side.
 
     Columns: collective, case (when any), size (bytes), count (elements),
-    dtype, then per implementation time (µs), algbw and busbw (GB/s), then one
-    ratio column time(impl) / time(reference) for each other implementation
-    (above 1: slower than the reference). ``reference``
-    defaults to the last implementation seen when there are several. Failed
-    points show "failed". ``markdown=True`` gives a GitHub table.
+    dtype, then per implementation time (µs), algbw and busbw (GB/s), then
+    time(impl) / time(reference) for each other implementation (above 1:
+    slower than the reference). ``reference`` defaults to the last
+    implementation seen when there are several. Failed points show "failed",
+    points with a wrong result "(wrong)". ``markdown=True``: a GitHub table.
     """
     impls = list(dict.fromkeys(r.implementation for r in records))
     if reference is None and len(impls) > 1:
@@ -394,69 +361,55 @@ def format_table(records: Sequence[Record], *, reference: Optional[str] = None, 
         rows.setdefault((r.collective, r.case, r.size, r.dtype), {})[r.implementation] = r
     with_case = any(r.case for r in records)
 
-    head = ["collective"] + (["case"] if with_case else []) + ["size(B)", "count", "type"]
-    groups = [""] * len(head)
+    head = ["collective"] + ["case"] * with_case + ["size(B)", "count", "type"]
+    groups = [""] * len(head)  # labels spanning several columns, above the header
     for impl in impls:
         head += ["time(us)", "algbw(GB/s)", "busbw(GB/s)"]
         groups += [impl, "", ""]
-    head += others if not markdown else [f"{i}/{reference}" for i in others]
+    head += [f"{i}/{reference}" for i in others] if markdown else others
     groups += [f"time / time of {reference}" if k == 0 else "" for k in range(len(others))]
 
     body = []
     for (collective, case, size, dtype), by_impl in rows.items():
-        first = next(iter(by_impl.values()))
-        line = [collective] + ([case] if with_case else []) + [str(size), "-" if first.count is None else str(first.count), dtype]
+        count = next(iter(by_impl.values())).count
+        line = [collective] + [case] * with_case + [str(size), "-" if count is None else str(count), dtype]
         for impl in impls:
-            r = by_impl.get(impl)
-            if r is None:
-                line += ["-", "-", "-"]
-            elif r.error is not None or r.time_s is None:
-                line += ["failed", "-", "-"]
-            else:
-                mark = " (wrong)" if r.wrong else ""
-                line += [f"{r.time_s * 1e6:.1f}{mark}", _num(r.algbw_GBps), _num(r.busbw_GBps)]
+            line += _cells(by_impl.get(impl))
         ref = by_impl.get(reference) if reference is not None else None
         for impl in others:
             r = by_impl.get(impl)
-            ok = r is not None and ref is not None and r.time_s and ref.time_s
-            line.append(f"{r.time_s / ref.time_s:.2f}" if ok else "-")
+            line.append(f"{r.time_s / ref.time_s:.2f}" if r and ref and r.time_s and ref.time_s else "-")
         body.append(line)
 
     if markdown:
-        titles = [f"{g} {h}".strip() if g in impls else h for g, h in zip(_spread(groups), head)]
-        align = [":---" if h in ("collective", "case", "type") else "---:" for h in head]
+        spread = list(groups)
+        for i in range(1, len(spread)):
+            spread[i] = spread[i] or (spread[i - 1] if spread[i - 1] in impls else "")
+        titles = [f"{g} {h}" if g in impls else h for g, h in zip(spread, head)]
+        align = [":---" if h in ("collective", "case", "type") else "---:" for h in head]  # text left, numbers right
         lines = ["| " + " | ".join(titles) + " |", "|" + "|".join(align) + "|"]
         return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in body])
     widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
     starts = [i for i, g in enumerate(groups) if g] + [len(groups)]
-    for a, b in zip(starts, starts[1:]):  # widen a group's last column if its label is longer than the group
-        span = sum(widths[a:b]) + 2 * (b - a - 1)
-        widths[b - 1] += max(0, len(groups[a]) - span)
     top = ""
-    for a in starts[:-1]:  # each label starts above its group's first column
+    for a, b in zip(starts, starts[1:]):  # a label starts above its first column; its last column may widen
+        widths[b - 1] += max(0, len(groups[a]) - (sum(widths[a:b]) + 2 * (b - a - 1)))
         top = top.ljust(sum(widths[:a]) + 2 * a) + groups[a]
-    out = [top, "  ".join(h.rjust(w) for h, w in zip(head, widths))]
-    out += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in body]
-    return "\n".join(out)
+    left = [h in ("collective", "case", "type") for h in head]
 
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if lj else c.rjust(w) for c, w, lj in zip(cells, widths, left)).rstrip()
 
-def _spread(groups: list[str]) -> list[str]:
-    """Repeat each group label over the blank cells that follow it ("a", "", "" → "a", "a", "a")."""
-    out, last = [], ""
-    for g in groups:
-        last = g or last
-        out.append(last)
-    return out
+    return "\n".join([top, *map(line, [head, *body])])
 
 
 # ---------------------------------------------------------------- results files
 
 
-def _git_commit() -> Optional[str]:
+def _git_describe() -> Optional[str]:
     try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--abbrev=12"], capture_output=True, text=True, timeout=5
-        )
+        cmd = ["git", "describe", "--always", "--dirty", "--abbrev=12"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -465,15 +418,21 @@ def _git_commit() -> Optional[str]:
 
 
 def run_metadata(group: Any = None, **extra: Any) -> dict:
-    """Facts about this run for a results file: versions, backend, world size, host, CPUs, command line, date.
+    """Facts about this run for a results file; ``extra`` entries (e.g. iteration settings) are added as given.
 
-    ``extra`` entries (e.g. iteration settings) are added as they are.
+    Keys: date (UTC, ISO 8601), command (this process's argv), launcher,
+    backend, world_size, nproc_per_node, hostname, cpu_count, torch_threads,
+    torch, polydist, python, platform, git (``git describe`` of the current
+    directory, "-dirty" with uncommitted changes).
     """
+    from . import __version__
+
     distributed = _distributed()
-    meta = {
+    launcher = os.environ.get("POLYDIST_LAUNCHER") or ("torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else None)
+    return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(sys.argv),
-        "launcher": os.environ.get("POLYDIST_LAUNCHER") or ("torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else None),
+        "launcher": launcher,
         "backend": str(dist.get_backend(group)) if distributed else None,
         "world_size": dist.get_world_size(group) if distributed else 1,
         "nproc_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None,
@@ -481,31 +440,28 @@ def run_metadata(group: Any = None, **extra: Any) -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "polydist": __version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "git": _git_commit(),
+        "git": _git_describe(),
+        **extra,
     }
-    try:
-        from . import __version__
-
-        meta["polydist"] = __version__
-    except ImportError:  # pragma: no cover - the package is half-installed
-        meta["polydist"] = None
-    meta.update(extra)
-    return meta
 
 
-def write_json(records: Sequence[Record], path: Union[str, os.PathLike], meta: Optional[dict] = None) -> None:
-    """Write ``{"meta": meta, "records": [...]}`` to ``path`` (directories created); meta defaults to :func:`run_metadata`."""
+def _write(path: PathLike, text: str) -> None:
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    doc = {"meta": run_metadata() if meta is None else meta, "records": [asdict(r) for r in records]}
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+        f.write(text)
 
 
-def read_json(path: Union[str, os.PathLike]) -> tuple[dict, list[Record]]:
+def write_json(records: Sequence[Record], path: PathLike, meta: Optional[dict] = None) -> None:
+    """Write ``{"meta": meta, "records": [...]}`` to ``path`` (folders created); meta default: :func:`run_metadata`."""
+    doc = {"meta": run_metadata() if meta is None else meta, "records": [asdict(r) for r in records]}
+    _write(path, json.dumps(doc, indent=1) + "\n")
+
+
+def read_json(path: PathLike) -> tuple[dict, list[Record]]:
     """``(meta, records)`` from a file written by :func:`write_json`."""
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
@@ -514,20 +470,16 @@ def read_json(path: Union[str, os.PathLike]) -> tuple[dict, list[Record]]:
 
 def write_markdown(
     records: Sequence[Record],
-    path: Union[str, os.PathLike],
+    path: PathLike,
     meta: dict,
     *,
     title: str,
     reference: Optional[str] = None,
     notes: str = "",
 ) -> None:
-    """Write a markdown report: title, the run's metadata, ``notes``, and :func:`format_table` as markdown."""
-    facts = ", ".join(f"{k}: `{meta.get(k)}`" for k in ("backend", "world_size", "hostname", "cpu_count", "torch"))
+    """Write a markdown report to ``path``: title, the run's facts from ``meta``, ``notes``, the table."""
+    keys = ("backend", "world_size", "hostname", "cpu_count", "torch", "git")
+    facts = ", ".join(f"{k}: `{meta.get(k)}`" for k in keys)
     text = [f"# {title}", "", f"{facts}, date: {meta.get('date')}", "", f"Command: `{meta.get('command')}`", ""]
-    if notes:
-        text += [notes.strip(), ""]
-    text += [format_table(records, reference=reference, markdown=True), ""]
-    path = os.fspath(path)
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(text))
+    text += [notes.strip(), ""] if notes else []
+    _write(path, "\n".join(text + [format_table(records, reference=reference, markdown=True), ""]))

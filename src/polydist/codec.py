@@ -25,7 +25,16 @@ import msgpack
 import numpy as np
 import torch
 
-__all__ = ["encode", "decode", "dtype_name", "torch_dtype", "set_allow_pickle", "pickle_allowed"]
+__all__ = [
+    "encode",
+    "decode",
+    "dtype_name",
+    "torch_dtype",
+    "tensor_bytes",
+    "tensor_from_bytes",
+    "set_allow_pickle",
+    "pickle_allowed",
+]
 
 # Extension type codes. Part of the wire format: never renumber.
 _TUPLE, _SET, _FROZENSET, _COMPLEX, _BIGINT, _PATH, _TENSOR, _NDARRAY, _NPSCALAR, _PICKLE = range(1, 11)
@@ -58,9 +67,20 @@ def _pack(obj: Any, allow_pickle: bool = False) -> bytes:
     return msgpack.packb(obj, default=default, use_bin_type=True, strict_types=True)
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes:
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """The raw bytes of a dense tensor's elements, in row-major order (copied to host memory)."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def tensor_from_bytes(name: str, shape: list, raw: bytes, device: Optional[torch.device] = None) -> torch.Tensor:
+    """Inverse of :func:`tensor_bytes`: a new tensor of dtype ``name`` and ``shape`` (on ``device``)."""
+    dtype = torch_dtype(name)
+    if raw:
+        t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
+    else:
+        t = torch.empty(shape, dtype=dtype)
+    return t.to(device) if device is not None else t
 
 
 def _default(obj: Any, allow_pickle: bool = False) -> msgpack.ExtType:
@@ -80,7 +100,7 @@ def _default(obj: Any, allow_pickle: bool = False) -> msgpack.ExtType:
     if isinstance(obj, torch.Tensor):
         if obj.layout != torch.strided:
             raise TypeError(f"cannot encode a {obj.layout} tensor; only dense (strided) tensors are supported")
-        return msgpack.ExtType(_TENSOR, _pack([dtype_name(obj.dtype), list(obj.shape), _tensor_bytes(obj)]))
+        return msgpack.ExtType(_TENSOR, _pack([dtype_name(obj.dtype), list(obj.shape), tensor_bytes(obj)]))
     if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject:
             raise TypeError("cannot encode a NumPy array of dtype object")
@@ -146,12 +166,7 @@ class _Decoder:
             return pathlib.PureWindowsPath(text) if flavour.startswith("PureWindows") else pathlib.Path(text)
         if code == _TENSOR:
             name, shape, raw = self.unpack(data)
-            dtype = torch_dtype(name)
-            if raw:
-                t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
-            else:
-                t = torch.empty(shape, dtype=dtype)
-            return t.to(self.device) if self.device is not None else t
+            return tensor_from_bytes(name, shape, raw, self.device)
         if code == _NDARRAY:
             spec, shape, raw = self.unpack(data)
             return np.frombuffer(raw, dtype=_np_dtype(spec)).reshape(shape).copy()

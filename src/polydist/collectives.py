@@ -335,9 +335,14 @@ def broadcast(
         debug.check(res, "broadcast", (src, *agree), f"broadcast({shown}, src={src})")
     if raw:
         buf = contiguous(x)
-        work = dist.broadcast(buf, src, group=res.pg, async_op=async_op)
+        work = dist.broadcast(_bytes_of(buf), src, group=res.pg, async_op=async_op)
         return finish(lambda: _copy_back(buf, x), [work], async_op)
     return _framed_broadcast(x, src, res, async_op, allow_pickle)
+
+
+def _bytes_of(buf: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's memory as uint8, so broadcast carries every dtype (gloo has no int16, uint32, ...)."""
+    return buf.reshape(-1).view(torch.uint8)
 
 
 def _copy_back(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -367,7 +372,7 @@ def _framed_broadcast(x: Any, src: int, res: Resolved, async_op: bool, allow_pic
     else:
         target = torch.empty(shape, dtype=dtype, device=values.comm_device(res))
     buf = contiguous(target)
-    work = dist.broadcast(buf, src, group=res.pg, async_op=async_op)
+    work = dist.broadcast(_bytes_of(buf), src, group=res.pg, async_op=async_op)
     return finish(lambda: _copy_back(buf, target), [work], async_op)
 
 

@@ -35,10 +35,11 @@ def set_debug(enabled: bool) -> None:
 
 
 def is_debug() -> bool:
-    """Whether debug mode is on (``set_debug``, else ``POLYDIST_DEBUG`` = 1/true/yes/on)."""
-    if _debug is not None:
-        return _debug
-    return os.environ.get("POLYDIST_DEBUG", "0").lower() in ("1", "true", "yes", "on")
+    """Whether debug mode is on: ``set_debug``, else ``POLYDIST_DEBUG`` = 1/true/yes/on (read once)."""
+    global _debug
+    if _debug is None:  # every collective asks: read the environment only the first time
+        _debug = os.environ.get("POLYDIST_DEBUG", "0").lower() in ("1", "true", "yes", "on")
+    return _debug
 
 
 def reset() -> None:

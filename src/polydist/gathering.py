@@ -33,42 +33,101 @@ def _ranks(res: Resolved, items: list) -> str:
     return ", ".join(f"rank {r}: {item}" for r, item in zip(res.ranks, items))
 
 
+def _tensor_meta(x: torch.Tensor, extra: list, limit: int, inline: bool = True) -> tuple[bytes, bool]:
+    """``[dtype, shape, *extra, raw]`` encoded, and whether ``raw`` holds the elements.
+
+    The elements ride along when the whole fits in ``limit`` bytes (a slot's
+    inline part), so small tensors need no data round; otherwise ``raw`` is None.
+    """
+    head = [codec.dtype_name(x.dtype), list(x.shape), *extra]
+    if inline and x.numel() * x.element_size() <= limit:
+        meta = codec.encode([*head, codec.tensor_bytes(x)])
+        if len(meta) <= limit:
+            return meta, True
+    return codec.encode([*head, None]), False
+
+
+def as_bytes(x: torch.Tensor) -> torch.Tensor:
+    """The elements of ``x`` as a flat uint8 tensor (a view when ``x`` is contiguous).
+
+    Data-moving collectives send bytes, so every dtype travels — also those a
+    backend cannot reduce or even carry itself (gloo has no int16, uint16,
+    uint32 or float8 transport).
+    """
+    return contiguous(x).reshape(-1).view(torch.uint8)
+
+
 @dataclass
 class _Layout:
-    """Shapes of the tensors every rank contributes, and how to move them."""
+    """Dtype and shapes of the tensors every rank contributes, and how to move them as bytes."""
 
+    dtype: str
     shapes: list[tuple[int, ...]]
-    numels: list[int]
-    width: int  # elements per rank in the data round (the largest numel)
+    raws: list[Optional[bytes]]  # each rank's elements when they rode in the metadata slot
+
+    def __post_init__(self) -> None:
+        self.torch_dtype = codec.torch_dtype(self.dtype)
+        self.numels = [int(torch.Size(s).numel()) for s in self.shapes]
+        self.itemsize = torch.empty(0, dtype=self.torch_dtype).element_size()
+        self.nbytes = [n * self.itemsize for n in self.numels]
+        self.width = max(self.nbytes)  # bytes per rank in a padded data round
 
     @property
     def even(self) -> bool:
         return len(set(self.shapes)) == 1
 
+    @property
+    def inline(self) -> bool:
+        """Every rank's data already arrived with the metadata."""
+        return all(r is not None for r in self.raws)
+
     def flat(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` flattened (and zero-padded to ``width`` when shapes differ), ready to send."""
-        src = contiguous(x).reshape(-1)
+        """``x`` as bytes (padded to ``width`` when shapes differ), ready to send; padding is never read."""
+        src = as_bytes(x)
         if src.numel() == self.width:
             return src
-        padded = src.new_zeros(self.width)
+        padded = src.new_empty(self.width)
         padded[: src.numel()] = src
         return padded
 
+    def combine(self, pieces: list[torch.Tensor], concat: bool) -> Any:
+        return torch.cat(pieces) if concat else pieces
+
+    def from_inline(self, device: torch.device, concat: bool) -> Any:
+        pieces = [codec.tensor_from_bytes(self.dtype, s, r, device) for s, r in zip(self.shapes, self.raws)]
+        return self.combine(pieces, concat)
+
     def split(self, out: torch.Tensor, concat: bool) -> Any:
-        """Per-rank tensors (views) out of a received ``[size * width]`` buffer, or their concatenation."""
+        """Per-rank tensors (views) out of a received ``[size * width]`` byte buffer, or their concatenation."""
+        elems = out.view(self.torch_dtype)
         if self.even:
             if concat:
-                return out.view(len(self.shapes) * self.shapes[0][0], *self.shapes[0][1:])
-            return list(out.view(len(self.shapes), *self.shapes[0]).unbind(0))
-        w = self.width
-        pieces = [out[i * w : i * w + n].view(s) for i, (n, s) in enumerate(zip(self.numels, self.shapes))]
-        return torch.cat(pieces) if concat else pieces
+                return elems.view(len(self.shapes) * self.shapes[0][0], *self.shapes[0][1:])
+            return list(elems.view(len(self.shapes), *self.shapes[0]).unbind(0))
+        w = self.width // self.itemsize
+        pieces = [elems[i * w : i * w + n].view(s) for i, (n, s) in enumerate(zip(self.numels, self.shapes))]
+        return self.combine(pieces, concat)
+
+    def packed(self, out: torch.Tensor, concat: bool) -> Any:
+        """Per-rank tensors (views) out of a byte buffer holding them back to back, or all of it reshaped."""
+        elems = out.view(self.torch_dtype)
+        if concat:
+            return elems.view(sum(s[0] for s in self.shapes), *self.shapes[0][1:])
+        return [elems[o : o + n].view(s) for o, n, s in zip(_offsets(self.numels), self.numels, self.shapes)]
+
+
+def _offsets(sizes: list[int]) -> list[int]:
+    out, total = [], 0
+    for n in sizes:
+        out.append(total)
+        total += n
+    return out
 
 
 def _exchange_layout(x: torch.Tensor, res: Resolved, name: str, concat: bool) -> _Layout:
     """All-gather every rank's dtype and shape; ``ValueError`` on every rank when they cannot combine."""
-    meta = codec.encode([codec.dtype_name(x.dtype), list(x.shape)])
-    rows = [codec.decode(b) for b in values.all_gather_bytes(meta, res, name)]
+    limit = values.inline_size(values.slot_size(res.size))
+    rows = [codec.decode(b) for b in values.all_gather_bytes(_tensor_meta(x, [], limit)[0], res, name)]
     dtypes, shapes = [r[0] for r in rows], [tuple(r[1]) for r in rows]
     if len(set(dtypes)) > 1:
         raise ValueError(f"{name} needs one dtype on every rank, got {_ranks(res, dtypes)}")
@@ -79,8 +138,7 @@ def _exchange_layout(x: torch.Tensor, res: Resolved, name: str, concat: bool) ->
                 f"{name}(concat=True) needs the same trailing dims on every rank "
                 f"(only dim 0 may differ), got {_ranks(res, shapes)}; pass concat=False for a list"
             )
-    numels = [int(torch.Size(s).numel()) for s in shapes]
-    return _Layout(shapes, numels, max(numels))
+    return _Layout(dtypes[0], shapes, [r[2] for r in rows])
 
 
 def _serial_gather(x: Any, concat: bool, allow_pickle: Optional[bool]) -> Any:
@@ -142,9 +200,24 @@ def all_gather(
         rows = values.all_gather_bytes(values.encode(x, allow_pickle), res)
         return done(values.decode_all(rows, allow_pickle), async_op)
     layout = _exchange_layout(x, res, "all_gather", concat)
-    out = torch.empty(res.size * layout.width, dtype=x.dtype, device=x.device)
-    work = all_gather_single(out, layout.flat(x), group=res.pg, async_op=async_op)
-    return finish(lambda: layout.split(out, concat), [work], async_op)
+    if layout.inline:
+        return done(layout.from_inline(x.device, concat), async_op)
+    if layout.even:
+        out = torch.empty(res.size * layout.width, dtype=torch.uint8, device=x.device)
+        work = all_gather_single(out, layout.flat(x), group=res.pg, async_op=async_op)
+        return finish(lambda: layout.split(out, concat), [work], async_op)
+    # Uneven: each rank broadcasts its piece straight into its place in the result — no padding, no
+    # concatenation afterwards (torch's uneven all_gather on NCCL works the same way).
+    out = torch.empty(sum(layout.nbytes), dtype=torch.uint8, device=x.device)
+    offsets = _offsets(layout.nbytes)
+    me = res.group_rank
+    out[offsets[me] : offsets[me] + layout.nbytes[me]].copy_(as_bytes(x))
+    works = [
+        dist.broadcast(out[o : o + n], src, group=res.pg, async_op=True)
+        for src, o, n in zip(res.ranks, offsets, layout.nbytes)
+        if n
+    ]
+    return finish(lambda: layout.packed(out, concat), works, async_op)
 
 
 # ---------------------------------------------------------------- gather
@@ -189,7 +262,9 @@ def gather(
         rows = values.gather_bytes(values.encode(x, allow_pickle), dst, res)
         return done(values.decode_all(rows, allow_pickle) if here else None, async_op)
     layout = _exchange_layout(x, res, "gather", concat)
-    out = torch.empty(res.size * layout.width, dtype=x.dtype, device=x.device) if here else None
+    if layout.inline:
+        return done(layout.from_inline(x.device, concat) if here else None, async_op)
+    out = torch.empty(res.size * layout.width, dtype=torch.uint8, device=x.device) if here else None
     outs = list(out.chunk(res.size)) if here else None
     work = dist.gather(layout.flat(x), outs, dst=dst, group=res.pg, async_op=async_op)
     return finish(lambda: layout.split(out, concat) if here else None, [work], async_op)
@@ -199,18 +274,23 @@ def gather(
 
 
 def _scatter_plan(xs: Any, size: int, allow_pickle: Optional[bool]) -> tuple[Any, Optional[_Layout]]:
-    """On src: one payload per rank (tensor metadata, or an encoded value), and the tensor layout if any."""
+    """On src: one payload per rank (tensor metadata, or an encoded value), and the tensor layout if any.
+
+    Tensor items of one dtype travel as tensors (their elements inside the
+    metadata when every item fits in a slot); anything else travels as values.
+    """
     try:
         items = check_list(xs, size, "scatter", "on src")
     except (TypeError, ValueError) as e:
         return values.Failure(e), None
     dtypes = {t.dtype for t in items if isinstance(t, torch.Tensor)}
     if len(dtypes) == 1 and all(isinstance(t, torch.Tensor) and t.layout == torch.strided for t in items):
-        shapes = [tuple(t.shape) for t in items]
-        numels = [t.numel() for t in items]
-        layout = _Layout(shapes, numels, max(numels))
-        name = codec.dtype_name(items[0].dtype)
-        return [_TENSOR + codec.encode([name, list(s), layout.width]) for s in shapes], layout
+        layout = _Layout(codec.dtype_name(items[0].dtype), [tuple(t.shape) for t in items], [None] * size)
+        limit = values.inline_size(values.slot_size(size))
+        metas = [_tensor_meta(t, [layout.width], limit) for t in items]
+        if not all(inlined for _, inlined in metas):
+            metas = [_tensor_meta(t, [layout.width], limit, inline=False) for t in items]
+        return [_TENSOR + meta for meta, _ in metas], layout
     payloads = []
     for item in items:  # mixed or non-tensor items travel as values (tensors inside land on device())
         p = values.encode(item, allow_pickle)
@@ -266,13 +346,16 @@ def scatter(
     if mine[:1] == _VALUE:
         result = xs[res.group_rank] if here else codec.decode(mine[1:], device=device(), allow_pickle=allow_pickle)
         return done(result, async_op)
-    name, shape, width = codec.decode(mine[1:])
+    name, shape, width, raw = codec.decode(mine[1:])
     dev = values.comm_device(res)
-    out = torch.empty(width, dtype=codec.torch_dtype(name), device=dev)
+    if raw is not None:  # src put every item inside the metadata: no data round for anyone
+        return done(xs[res.group_rank] if here else codec.tensor_from_bytes(name, shape, raw, dev), async_op)
+    out = torch.empty(width, dtype=torch.uint8, device=dev)
     items = [layout.flat(t) for t in xs] if here else None
     work = dist.scatter(out, items, src=src, group=res.pg, async_op=async_op)
-    numel = int(torch.Size(shape).numel())
-    return finish(lambda: xs[res.group_rank] if here else out[:numel].view(shape), [work], async_op)
+    dtype = codec.torch_dtype(name)
+    nbytes = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dtype).element_size()
+    return finish(lambda: xs[res.group_rank] if here else out[:nbytes].view(dtype).view(shape), [work], async_op)
 
 
 # ---------------------------------------------------------------- all_to_all
@@ -317,58 +400,62 @@ def all_to_all(
         return done([check_list(xs, 1, "all_to_all", "item i goes to rank i")[0]], async_op)
     if debug.is_debug():
         debug.check(res, "all_to_all", (), "all_to_all()")
-    payloads = _all_to_all_plan(xs, res.size, allow_pickle)
+    payloads, send_sizes = _all_to_all_plan(xs, res.size, allow_pickle)
     received = values.all_to_all_bytes(payloads, res, "all_to_all")
-    kinds = [r[:1] for r in received]
-    if not any(r[1:2] == b"1" for r in received):  # nobody sends a tensor: no data round
-        return done([_decode_value(r, allow_pickle) for r in received], async_op)
     dev = values.comm_device(res)
-    send_sizes = [_aligned(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0 for t in xs]
-    metas = [codec.decode(r[2:]) if k == _TENSOR else None for r, k in zip(received, kinds)]
-    recv_sizes = [_aligned(m[2]) if m is not None else 0 for m in metas]
-    send = torch.zeros(sum(send_sizes), dtype=torch.uint8, device=dev)
-    offset = 0
-    for t, size in zip(xs, send_sizes):
+    metas = [codec.decode(r[2:]) if r[:1] == _TENSOR else None for r in received]
+    if not any(r[1:2] == b"1" for r in received):  # every tensor rode in its slot: no data round
+        return done([_received(r, m, dev, None, 0, allow_pickle) for r, m in zip(received, metas)], async_op)
+    recv_sizes = [_aligned(m[2]) if m is not None and m[3] is None else 0 for m in metas]
+    send = torch.empty(sum(send_sizes), dtype=torch.uint8, device=dev)  # alignment gaps are never read
+    for t, offset, size in zip(xs, _offsets(send_sizes), send_sizes):
         if size:
-            flat = contiguous(t).reshape(-1).view(torch.uint8)
+            flat = as_bytes(t)
             send[offset : offset + flat.numel()].copy_(flat)
-        offset += size
     recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=dev)
     work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=res.pg, async_op=async_op)
 
     def result() -> list:
-        out, offset = [], 0
-        for r, meta, size in zip(received, metas, recv_sizes):
-            if meta is None:
-                out.append(_decode_value(r, allow_pickle))
-            else:
-                name, shape, nbytes = meta
-                out.append(recv[offset : offset + nbytes].view(codec.torch_dtype(name)).view(shape))
-            offset += size
-        return out
+        offsets = _offsets(recv_sizes)
+        return [_received(r, m, dev, recv, o, allow_pickle) for r, m, o in zip(received, metas, offsets)]
 
     return finish(result, [work], async_op)
 
 
-def _all_to_all_plan(xs: Any, size: int, allow_pickle: Optional[bool]) -> Any:
-    """One payload per destination: kind, whether this rank sends any tensor, then metadata or value."""
+def _all_to_all_plan(xs: Any, size: int, allow_pickle: Optional[bool]) -> tuple[Any, list[int]]:
+    """One payload per destination, and the bytes each tensor needs in the data round (0: none).
+
+    A payload is its kind (tensor or value), whether this rank needs the data
+    round at all, then ``[dtype, shape, nbytes, raw]`` for a tensor (``raw``
+    holds small tensors' elements) or the encoded value.
+    """
     try:
         items = check_list(xs, size, "all_to_all", "item i goes to rank i")
     except (TypeError, ValueError) as e:
-        return values.Failure(e)
-    flag = b"1" if any(isinstance(t, torch.Tensor) for t in items) else b"0"
-    payloads = []
+        return values.Failure(e), []
+    limit = values.inline_size(values.slot_size(size))
+    metas, sizes = [], []
     for t in items:
         if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-            meta = [codec.dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size()]
-            payloads.append(_TENSOR + flag + codec.encode(meta))
+            nbytes = t.numel() * t.element_size()
+            meta, inlined = _tensor_meta(t, [nbytes], limit)
+            metas.append(_TENSOR + meta)
+            sizes.append(0 if inlined else _aligned(nbytes))
             continue
         p = values.encode(t, allow_pickle)
         if isinstance(p, values.Failure):
-            return p
-        payloads.append(_VALUE + flag + p)
-    return payloads
+            return p, []
+        metas.append(_VALUE + p)
+        sizes.append(0)
+    flag = b"1" if any(sizes) else b"0"
+    return [m[:1] + flag + m[1:] for m in metas], sizes
 
 
-def _decode_value(payload: bytes, allow_pickle: Optional[bool]) -> Any:
-    return codec.decode(payload[2:], device=device(), allow_pickle=allow_pickle)
+def _received(payload: bytes, meta: Optional[list], dev: torch.device, buf, offset: int, allow_pickle) -> Any:
+    """One received item: a value, a tensor that rode in its slot, or a view into the data round's buffer."""
+    if meta is None:
+        return codec.decode(payload[2:], device=device(), allow_pickle=allow_pickle)
+    name, shape, nbytes, raw = meta
+    if raw is not None:
+        return codec.tensor_from_bytes(name, shape, raw, dev)
+    return buf[offset : offset + nbytes].view(codec.torch_dtype(name)).view(shape)

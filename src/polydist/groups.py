@@ -4,14 +4,16 @@ Every collective takes ``group`` as ``None`` (the world), a
 ``torch.distributed.ProcessGroup``, or a list of global ranks. A rank list maps
 to one cached group per distinct list, created with
 ``use_local_synchronization=True`` so only its members need to take part, and
-named by PyTorch from a hash of the ranks — so members agree on it without the
-other ranks' help.
+named from a hash of its ranks alone — so members agree on it without the
+other ranks' help, whatever other groups each of them made before.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Union
 
 import torch.distributed as dist
 
@@ -20,6 +22,7 @@ __all__ = ["GroupLike", "Resolved", "resolve", "new_group", "clear_cache"]
 GroupLike = Union[None, "dist.ProcessGroup", Sequence[int]]
 
 _cache: dict[tuple[int, ...], "dist.ProcessGroup"] = {}
+_world: Optional[tuple] = None  # (the default ProcessGroup, its Resolved)
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,34 @@ def new_group(ranks: Sequence[int], **kwargs) -> "dist.ProcessGroup":
     if me not in key:
         raise ValueError(f"rank {me} is not in group {list(key)}; only its members may create or use it")
     if key not in _cache:
-        _cache[key] = dist.new_group(list(key), use_local_synchronization=True, **kwargs)
+        with _name_from_ranks():
+            _cache[key] = dist.new_group(list(key), use_local_synchronization=True, **kwargs)
     return _cache[key]
+
+
+@contextlib.contextmanager
+def _name_from_ranks() -> Iterator[None]:
+    """Name the group being created from its ranks alone.
+
+    With ``use_local_synchronization=True``, PyTorch (2.4+) names a group by
+    hashing its ranks *and the number of groups this process already has*, so
+    members that created different numbers of groups before (overlapping
+    rank-list groups used by different ranks) compute different names and
+    wait for each other forever. polydist creates each rank list's group at
+    most once per process, so the ranks alone name it uniquely.
+    """
+    c10d = dist.distributed_c10d
+    original = getattr(c10d, "_hash_ranks_to_str", None)
+    if original is None:  # older PyTorch: the name already depends on the ranks only
+        yield
+        return
+    c10d._hash_ranks_to_str = lambda ranks: hashlib.sha1(
+        ("polydist_" + "_".join(map(str, ranks))).encode(), usedforsecurity=False
+    ).hexdigest()
+    try:
+        yield
+    finally:
+        c10d._hash_ranks_to_str = original
 
 
 def resolve(group: GroupLike) -> Resolved:
@@ -88,9 +117,13 @@ def resolve(group: GroupLike) -> Resolved:
         TypeError: ``group`` is neither None, a ProcessGroup nor a rank list.
         ValueError: a bad rank in the list, or this process is not a member.
     """
-    me = dist.get_rank()
+    global _world
     if group is None or group is dist.GroupMember.WORLD:
-        return Resolved(None, tuple(range(dist.get_world_size())), me)
+        world = dist.GroupMember.WORLD
+        if _world is None or _world[0] is not world:  # every collective asks: build it once per world
+            _world = (world, Resolved(None, tuple(range(dist.get_world_size())), dist.get_rank()))
+        return _world[1]
+    me = dist.get_rank()
     if group is dist.GroupMember.NON_GROUP_MEMBER:
         raise ValueError(f"rank {me} is not a member of this process group")
     if isinstance(group, dist.ProcessGroup):
@@ -106,4 +139,6 @@ def resolve(group: GroupLike) -> Resolved:
 
 def clear_cache() -> None:
     """Forget cached rank-list groups (their communicators die with the default group)."""
+    global _world
     _cache.clear()
+    _world = None

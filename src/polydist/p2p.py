@@ -125,11 +125,11 @@ def _check_receiver(x: Any) -> None:
         raise TypeError(f"recv takes a tensor to fill, or None to receive a value; got {type(x).__name__}: {x!r}")
 
 
-def _frame_error(src: int, expected: str, got: str) -> CollectiveMismatchError:
+def _frame_error(src: int, res: Resolved, expected: str, got: str) -> CollectiveMismatchError:
     return CollectiveMismatchError(
-        f"rank {src} sent {got} but this rank expected {expected}; a tensor sent with send(tensor) must be "
+        f"rank {src} sent {got} but rank {res.rank} expected {expected}; a tensor sent with send(tensor) must be "
         "received into a tensor of the same shape and dtype, a value with recv(None, src)",
-        {src: f"send({got})"},
+        {src: f"send({got}, dst={res.rank})", res.rank: f"recv({expected}, src={src})"},
     )
 
 
@@ -139,9 +139,9 @@ def _read_value(slot: torch.Tensor, src: int, res: Resolved, tag: int, allow_pic
     if magic == _TENSOR_MAGIC:
         dtype_name, shape = codec.decode(body)
         _drain_tensor(dtype_name, shape, src, res, tag)
-        raise _frame_error(src, "a value (recv(None, src))", f"a tensor {dtype_name}{list(shape)}")
+        raise _frame_error(src, res, "a value", f"a tensor {dtype_name}{list(shape)}")
     if magic != _VALUE_MAGIC:
-        raise _frame_error(src, "a value (recv(None, src))", "data that is not a polydist value frame (a raw tensor?)")
+        raise _frame_error(src, res, "a value", "data that is not a polydist value frame (a raw tensor?)")
     if length < 0:
         kind = TypeError if length == -1 else ValueError
         raise kind(f"recv: rank {src} failed before sending: {body.decode('utf-8', 'replace')}")
@@ -163,12 +163,12 @@ def _check_header(slot: torch.Tensor, x: torch.Tensor, src: int, res: Resolved, 
     if magic == _VALUE_MAGIC:
         if length > values.inline_size(values.PAIR_SLOT):
             dist.recv(_empty(length, res), src, res.pg, tag)
-        raise _frame_error(src, f"a tensor {mine}", "a value")
+        raise _frame_error(src, res, f"a tensor {mine}", "a value")
     dtype_name, shape = codec.decode(body)
     if dtype_name != codec.dtype_name(x.dtype) or list(shape) != list(x.shape):
         _drain_tensor(dtype_name, shape, src, res, tag)
         theirs = debug.describe_tensor(codec.torch_dtype(dtype_name), shape)
-        raise _frame_error(src, f"a tensor {mine}", f"a tensor {theirs}")
+        raise _frame_error(src, res, f"a tensor {mine}", f"a tensor {theirs}")
 
 
 def _copy_back(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

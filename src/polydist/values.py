@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import numbers
 import operator
+import reprlib
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -289,7 +290,7 @@ def check_number(x: Any, op: str) -> Any:
     if not isinstance(x, numbers.Number) or not isinstance(x, (bool, int, float, complex)):
         raise TypeError(
             "reductions take a tensor, a list of tensors, or a Python number (bool, int, float, complex), "
-            f"got {type(x).__name__}: {x!r}"
+            f"got {type(x).__name__}: {reprlib.repr(x)}"
         )
     if op in _BITWISE and not isinstance(x, int):  # bool is an int
         raise TypeError(f"reduce op {op} is defined on bool and int values only, got {type(x).__name__} {x!r}")
