@@ -26,6 +26,7 @@ from ._common import (
     finish,
     native_avg,
     reduce_keeps_input,
+    scratch_copy,
 )
 from .context import device
 from .groups import GroupLike, Resolved
@@ -69,13 +70,11 @@ def _coalesce(tensors: list[torch.Tensor]) -> list[tuple[torch.Tensor, list[torc
 
 
 def _scatter_back(buf: torch.Tensor, members: list[torch.Tensor]) -> None:
+    """Copy each member's part of ``buf`` back into it (one fused copy for the lot)."""
     if len(members) == 1 and buf is members[0]:
         return
-    offset = 0
-    for t in members:
-        n = t.numel()
-        t.copy_(buf[offset : offset + n].view(t.shape))
-        offset += n
+    pieces = buf.split([t.numel() for t in members])
+    torch._foreach_copy_(members, [p.view_as(t) for p, t in zip(pieces, members)])
 
 
 def _describe(tensors: list[torch.Tensor]) -> str:
@@ -195,7 +194,10 @@ def reduce(x: Any, dst: int = 0, op: OpLike = "SUM", group: GroupLike = None, *,
         debug.check(res, "reduce", agree, f"reduce({_describe([x])}, dst={dst}, op={name})")
     here = res.rank == dst
     red, divide = _op(name, res)
-    buf = contiguous(x) if here or reduce_keeps_input(res) else x.clone(memory_format=torch.contiguous_format)
+    if here or reduce_keeps_input(res):
+        buf = contiguous(x)
+    else:  # the backend would leave partial results in x: hand it a copy
+        buf = x.clone(memory_format=torch.contiguous_format) if async_op else scratch_copy(x)
     work = dist.reduce(buf, dst, red, group=res.pg, async_op=async_op)
 
     def result() -> Any:

@@ -209,10 +209,11 @@ def finalize() -> None:
     it when serial or twice is harmless.
     """
     global _ctx
-    from . import debug, groups  # they build on context; import here to keep the layering one-way
+    from . import _common, debug, groups  # they build on context; import here to keep the layering one-way
 
     groups.clear_cache()
     debug.reset()
+    _common.release_scratch()
     if _ctx is not None and _ctx.owns_group and dist.is_initialized():
         dist.destroy_process_group()
     _ctx = None

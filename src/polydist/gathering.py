@@ -26,7 +26,6 @@ from .groups import GroupLike, Resolved
 __all__ = ["all_gather", "gather", "scatter", "all_to_all"]
 
 _TENSOR, _VALUE = b"T", b"V"
-_ALIGN = 16  # all_to_all items start on 16-byte boundaries, so any dtype can view them
 
 
 def _ranks(res: Resolved, items: list) -> str:
@@ -361,10 +360,6 @@ def scatter(
 # ---------------------------------------------------------------- all_to_all
 
 
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // _ALIGN) * _ALIGN
-
-
 def all_to_all(
     xs: Any, group: GroupLike = None, *, async_op: bool = False, allow_pickle: Optional[bool] = None
 ) -> Any:
@@ -406,12 +401,8 @@ def all_to_all(
     metas = [codec.decode(r[2:]) if r[:1] == _TENSOR else None for r in received]
     if not any(r[1:2] == b"1" for r in received):  # every tensor rode in its slot: no data round
         return done([_received(r, m, dev, None, 0, allow_pickle) for r, m in zip(received, metas)], async_op)
-    recv_sizes = [_aligned(m[2]) if m is not None and m[3] is None else 0 for m in metas]
-    send = torch.empty(sum(send_sizes), dtype=torch.uint8, device=dev)  # alignment gaps are never read
-    for t, offset, size in zip(xs, _offsets(send_sizes), send_sizes):
-        if size:
-            flat = as_bytes(t)
-            send[offset : offset + flat.numel()].copy_(flat)
+    recv_sizes = [m[2] if m is not None and m[3] is None else 0 for m in metas]
+    send = _send_buffer(xs, send_sizes, dev)
     recv = torch.empty(sum(recv_sizes), dtype=torch.uint8, device=dev)
     work = dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=res.pg, async_op=async_op)
 
@@ -440,7 +431,7 @@ def _all_to_all_plan(xs: Any, size: int, allow_pickle: Optional[bool]) -> tuple[
             nbytes = t.numel() * t.element_size()
             meta, inlined = _tensor_meta(t, [nbytes], limit)
             metas.append(_TENSOR + meta)
-            sizes.append(0 if inlined else _aligned(nbytes))
+            sizes.append(0 if inlined else nbytes)
             continue
         p = values.encode(t, allow_pickle)
         if isinstance(p, values.Failure):
@@ -451,6 +442,30 @@ def _all_to_all_plan(xs: Any, size: int, allow_pickle: Optional[bool]) -> tuple[
     return [m[:1] + flag + m[1:] for m in metas], sizes
 
 
+def _send_buffer(xs: list, sizes: list[int], dev: torch.device) -> torch.Tensor:
+    """The bytes of the tensors that go in the data round, back to back.
+
+    When they already lie back to back in one contiguous block of memory (the
+    pieces of ``x.chunk()``, ``x.split()``, ``x.unbind()``), that block is sent
+    as it is, without a copy.
+    """
+    sent = [t for t, size in zip(xs, sizes) if size]
+    if sent and all(t.is_contiguous() and t.device == dev for t in sent):
+        base, ptr = sent[0], sent[0].data_ptr()
+        for t in sent:
+            if t.data_ptr() != ptr or t.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+                break
+            ptr += t.numel() * t.element_size()
+        else:
+            start = base.data_ptr() - base.untyped_storage().data_ptr()
+            return torch.empty(0, dtype=torch.uint8, device=dev).set_(base.untyped_storage(), start, (sum(sizes),))
+    send = torch.empty(sum(sizes), dtype=torch.uint8, device=dev)
+    for t, offset, size in zip(xs, _offsets(sizes), sizes):
+        if size:
+            send[offset : offset + size].copy_(as_bytes(t))
+    return send
+
+
 def _received(payload: bytes, meta: Optional[list], dev: torch.device, buf, offset: int, allow_pickle) -> Any:
     """One received item: a value, a tensor that rode in its slot, or a view into the data round's buffer."""
     if meta is None:
@@ -458,4 +473,8 @@ def _received(payload: bytes, meta: Optional[list], dev: torch.device, buf, offs
     name, shape, nbytes, raw = meta
     if raw is not None:
         return codec.tensor_from_bytes(name, shape, raw, dev)
-    return buf[offset : offset + nbytes].view(codec.torch_dtype(name)).view(shape)
+    dtype = codec.torch_dtype(name)
+    piece = buf[offset : offset + nbytes]
+    if offset % torch.empty(0, dtype=dtype).element_size():  # after an item of a smaller dtype: realign
+        piece = piece.clone()
+    return piece.view(dtype).view(shape)
