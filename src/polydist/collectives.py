@@ -342,9 +342,14 @@ def broadcast(
     return _framed_broadcast(x, src, res, async_op, allow_pickle)
 
 
+# Dtypes every backend (gloo included) carries natively; others travel as their bytes.
+_NATIVE = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
+                     torch.int32, torch.int64, torch.bool})  # fmt: skip
+
+
 def _bytes_of(buf: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's memory as uint8, so broadcast carries every dtype (gloo has no int16, uint32, ...)."""
-    return buf.reshape(-1).view(torch.uint8)
+    """``buf`` itself, or for a dtype gloo cannot carry (int16, uint32, complex, ...) its memory as uint8."""
+    return buf if buf.dtype in _NATIVE else buf.reshape(-1).view(torch.uint8)
 
 
 def _copy_back(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
