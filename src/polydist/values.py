@@ -157,15 +157,25 @@ def _inline(read: Sequence[tuple[int, int, bytes]]) -> list[bytes]:
     return [body for _, _, body in read]
 
 
-def all_gather_bytes(payload: Payload, res: Resolved, what: str = "all_gather") -> list[bytes]:
-    """Every group member's ``payload``, in group-rank order (one round if all fit in a slot)."""
+def _all_gather_slots(payload: Payload, res: Resolved, what: str) -> tuple[list, int, torch.device]:
+    """First round of all_gather/gather: every member's slot; raises on every rank if any member failed.
+
+    Returns the read slots, the width of the second round (0 when every
+    payload fitted inline) and the device of the byte buffers.
+    """
     dev, size = comm_device(res), slot_size(res.size)
     out = torch.empty(res.size * size, dtype=torch.uint8, device=dev)
     all_gather_single(out, _tensor(make_slot(payload, size=size), size, dev), group=res.pg)
     read = [read_slot(s) for s in _rows(out, res.size)]
     _raise_failures(read, res.ranks, what, payload)
     width = max(length for length, _, _ in read)
-    if width <= inline_size(size):
+    return read, (0 if width <= inline_size(size) else width), dev
+
+
+def all_gather_bytes(payload: Payload, res: Resolved, what: str = "all_gather") -> list[bytes]:
+    """Every group member's ``payload``, in group-rank order (one round if all fit in a slot)."""
+    read, width, dev = _all_gather_slots(payload, res, what)
+    if not width:
         return _inline(read)
     out = torch.empty(res.size * width, dtype=torch.uint8, device=dev)
     all_gather_single(out, _tensor(payload, width, dev), group=res.pg)
@@ -179,14 +189,9 @@ def gather_bytes(payload: Payload, dst: int, res: Resolved, what: str = "gather"
     The slots are all-gathered so that every rank knows whether a second,
     padded ``gather`` round is needed and can raise on a failure.
     """
-    dev, size = comm_device(res), slot_size(res.size)
-    out = torch.empty(res.size * size, dtype=torch.uint8, device=dev)
-    all_gather_single(out, _tensor(make_slot(payload, size=size), size, dev), group=res.pg)
-    read = [read_slot(s) for s in _rows(out, res.size)]
-    _raise_failures(read, res.ranks, what, payload)
-    width = max(length for length, _, _ in read)
+    read, width, dev = _all_gather_slots(payload, res, what)
     here = res.rank == dst
-    if width <= inline_size(size):
+    if not width:
         return _inline(read) if here else None
     big = torch.empty(res.size * width, dtype=torch.uint8, device=dev) if here else None
     dist.gather(_tensor(payload, width, dev), list(big.chunk(res.size)) if here else None, dst=dst, group=res.pg)
