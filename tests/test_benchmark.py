@@ -93,15 +93,16 @@ def test_measure_chooses_iters_from_target_time():
     assert timing.median_s >= 0.002
 
 
-def test_measure_many_interleaves_and_catches():
+def test_measure_many_interleaves_rotates_and_catches():
     order = []
 
     def boom():
         raise RuntimeError("nope")
 
     out = measure_many({"a": lambda: order.append("a"), "b": lambda: order.append("b"), "bad": boom},
-                       iters=1, warmup=0, repeats=2, catch=True)
-    assert order == ["a", "b", "a", "b"]
+                       iters=1, warmup=0, repeats=3, catch=True)
+    # round 0: a, b, bad; round 1 starts with b: b, bad, a; round 2 starts with bad: bad, a, b
+    assert order == ["a", "b", "b", "a", "a", "b"]
     assert out["bad"].error == "RuntimeError: nope" and out["bad"].median_s is None
     assert out["a"].error is None
     with pytest.raises(RuntimeError, match="nope"):

@@ -179,10 +179,11 @@ def measure_many(
     Every rank must call this with the same ``fns`` keys (in the same order)
     and arguments. Per callable: barrier, ``warmup`` untimed calls (timed
     singly only to choose ``iters``). Then ``repeats`` rounds, each timing
-    every callable in turn: barrier, ``iters`` back-to-back calls between two
-    ``time.perf_counter()`` reads, per-call mean. Interleaving spreads slow
-    drifts of the machine (other load, clock changes) over all callables
-    alike, so their ratios are fair. Last, one MAX all-reduce over the ranks
+    every callable in turn (round ``r`` starts with callable ``r mod k``):
+    barrier, ``iters`` back-to-back calls between two ``time.perf_counter()``
+    reads, per-call mean. Interleaving spreads slow drifts of the machine
+    (other load, clock changes) over all callables alike, and rotating the
+    order keeps any one from always going first, so their ratios are fair. Last, one MAX all-reduce over the ranks
     of ``group`` (raw torch.distributed) makes the results the same on every
     rank.
 
@@ -240,7 +241,11 @@ def measure_many(
     for label, est in zip(labels, _max_over_ranks(estimates, group)):
         auto = math.ceil(target_s / est) if 0 < est < math.inf else max_iters
         counts[label] = iters if iters is not None else max(1, min(max_iters, auto))
-    rounds = [[block(label, counts[label]) for label in labels] for _ in range(repeats)]
+    rounds = []
+    for r in range(repeats):  # rotate who goes first, so no candidate always pays for leaving the barrier first
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]
+        times = {label: block(label, counts[label]) for label in order}
+        rounds.append([times[label] for label in labels])
     flat = _max_over_ranks([t for row in rounds for t in row], group)
     results = {}
     for i, label in enumerate(labels):
