@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any, Optional
 
 import torch
@@ -69,7 +70,7 @@ def contiguous(x: torch.Tensor) -> torch.Tensor:
 
 def check_tensor(x: Any, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} takes a tensor, got {type(x).__name__}: {x!r}")
+        raise TypeError(f"{name} takes a tensor, got {type(x).__name__}: {reprlib.repr(x)}")
     if x.layout != torch.strided:
         raise TypeError(f"{name} takes a dense (strided) tensor, got layout {x.layout}")
     return x

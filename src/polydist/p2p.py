@@ -16,6 +16,7 @@ and ``dst`` are global ranks, ``tag`` matches sends to receives.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any, Optional
 
 import torch
@@ -122,7 +123,7 @@ def isend(x: Any, dst: int, group: GroupLike = None, tag: int = 0, *, allow_pick
 
 def _check_receiver(x: Any) -> None:
     if x is not None and not isinstance(x, torch.Tensor):
-        raise TypeError(f"recv takes a tensor to fill, or None to receive a value; got {type(x).__name__}: {x!r}")
+        raise TypeError(f"recv takes a tensor to fill, or None to receive a value; got {type(x).__name__}: {reprlib.repr(x)}")
 
 
 def _frame_error(src: int, res: Resolved, expected: str, got: str) -> CollectiveMismatchError:
