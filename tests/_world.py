@@ -1,7 +1,10 @@
-"""A persistent world of N gloo ranks that runs test functions on every rank.
+"""A persistent world of N ranks that runs test functions on every rank.
 
 Starting processes that import torch takes seconds on this machine, so each
-world size is started once per test session and reused. ``World.run(fn,
+world (size, how) is started once per test session and reused. ``how`` is
+"polydist" (gloo via ``polydist.initialize``), "torch" (gloo via the user's own
+``init_process_group``) or "mpi" (ranks started by ``mpiexec``, joined with
+``polydist.initialize("mpi")``: the mpi4py backend on stock wheels). ``World.run(fn,
 *args)`` calls ``fn(*args)`` on every rank and returns the per-rank results;
 an exception on any rank fails the test with that rank's traceback. A world
 that does not answer within the timeout is killed (and restarted for the next
@@ -13,9 +16,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
+from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 ANSWER_TIMEOUT_S = 60.0
@@ -30,7 +38,9 @@ def _serve(rank: int, size: int, init_method: str, how: str, conn) -> None:
     torch.set_num_threads(1)
     import polydist
 
-    if how == "polydist":
+    if how == "mpi":
+        polydist.initialize("mpi")
+    elif how == "polydist":
         polydist.initialize("gloo", init_method=init_method, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT_S)
     else:  # the user's own init_process_group, for adoption tests
         from datetime import timedelta
@@ -54,22 +64,72 @@ class WorldError(AssertionError):
     pass
 
 
+def _serve_mpi(port: int) -> None:
+    """Entry of an mpiexec-started rank: call home to the test process, then serve it."""
+    from mpi4py import MPI
+
+    # Tensors in answers travel as shared memory handed over by multiprocessing's
+    # resource sharer, which authenticates with the process authkey: use the test
+    # process's, as spawned children do.
+    mp.current_process().authkey = bytes.fromhex(os.environ.pop("POLYDIST_TEST_AUTHKEY"))
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    conn = Connection(socket.create_connection(("127.0.0.1", port)).detach())
+    conn.send(rank)
+    _serve(rank, size, "mpi://", "mpi", conn)
+
+
+def mpiexec() -> str:
+    """The mpiexec beside this Python (the mpich wheel's), or "" when there is none."""
+    path = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return path if os.access(path, os.X_OK) else ""
+
+
 class World:
     def __init__(self, size: int, how: str = "polydist") -> None:
         self.size, self.how = size, how
         self._dir = tempfile.mkdtemp(prefix="polydist-world-")
-        ctx = mp.get_context("spawn")
         self.conns, self.procs = [], []
-        for rank in range(size):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(
-                target=_serve, args=(rank, size, f"file://{self._dir}/store", how, child), daemon=True
-            )
-            proc.start()
-            self.conns.append(parent)
-            self.procs.append(proc)
+        self.broken = True  # until every rank is ready
+        if how == "mpi":
+            self._start_mpi()
+        else:
+            ctx = mp.get_context("spawn")
+            for rank in range(size):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(
+                    target=_serve, args=(rank, size, f"file://{self._dir}/store", how, child), daemon=True
+                )
+                proc.start()
+                self.conns.append(parent)
+                self.procs.append(proc)
         self._collect(ANSWER_TIMEOUT_S * 2)  # the "ready" messages
         self.broken = False
+
+    def _start_mpi(self) -> None:
+        """``mpiexec -n size python _world.py PORT``; each rank connects back and says its rank."""
+        server = socket.create_server(("127.0.0.1", 0))
+        server.settimeout(ANSWER_TIMEOUT_S * 2)
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = dict(os.environ, POLYDIST_TEST_AUTHKEY=mp.current_process().authkey.hex(), PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+        for name in [k for k in env if k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "SLURM_"))]:
+            del env[name]  # a fresh job, not a nested one
+        port = str(server.getsockname()[1])
+        self.procs.append(
+            subprocess.Popen([mpiexec(), "-n", str(self.size), sys.executable, __file__, port], env=env, start_new_session=True)
+        )
+        by_rank = {}
+        try:
+            for _ in range(self.size):
+                conn = Connection(server.accept()[0].detach())
+                if not conn.poll(ANSWER_TIMEOUT_S):
+                    raise WorldError("an mpiexec rank connected but did not say its rank")
+                by_rank[conn.recv()] = conn
+        except (OSError, WorldError) as exc:
+            self.close()
+            raise WorldError(f"the {self.size}-rank mpiexec world did not start: {exc}") from None
+        finally:
+            server.close()
+        self.conns = [by_rank[r] for r in range(self.size)]
 
     def _collect(self, timeout: float) -> list:
         deadline = time.monotonic() + timeout
@@ -99,6 +159,13 @@ class World:
             except OSError:
                 pass
         for proc in self.procs:
+            if isinstance(proc, subprocess.Popen):  # mpiexec: end the whole job
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                continue
             proc.join(timeout=2)
             if proc.is_alive():
                 proc.kill()
@@ -121,3 +188,7 @@ class WorldPool:
         for world in self._worlds.values():
             if not world.broken:
                 world.close()
+
+
+if __name__ == "__main__":  # a rank of an mpiexec world
+    _serve_mpi(int(sys.argv[1]))

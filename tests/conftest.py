@@ -1,9 +1,10 @@
+import importlib.util
 import os
 import sys
 
 import pytest
 
-from _world import World, WorldPool
+from _world import World, WorldPool, mpiexec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -15,19 +16,48 @@ def world_pool():
     pool.close()
 
 
-@pytest.fixture
-def world2(world_pool) -> World:
-    return world_pool.get(2)
+def _mpi_missing() -> str:
+    """Why the mpi worlds cannot run here ("" when they can)."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install mpi4py mpich)"
+    if not mpiexec():
+        return "no mpiexec beside this Python (pip install mpich)"
+    return ""
+
+
+@pytest.fixture(scope="session", params=["gloo", "mpi"])
+def backend_kind(request) -> str:
+    """Every test that takes a world runs on gloo and on MPI (the mpi4py backend under mpiexec)."""
+    if request.param == "mpi" and _mpi_missing():
+        pytest.skip(_mpi_missing())
+    return request.param
+
+
+def _world(pool: WorldPool, size: int, kind: str) -> World:
+    return pool.get(size, "mpi" if kind == "mpi" else "polydist")
 
 
 @pytest.fixture
-def world3(world_pool) -> World:
-    return world_pool.get(3)
+def world2(world_pool, backend_kind) -> World:
+    return _world(world_pool, 2, backend_kind)
 
 
 @pytest.fixture
-def world4(world_pool) -> World:
-    return world_pool.get(4)
+def world3(world_pool, backend_kind) -> World:
+    return _world(world_pool, 3, backend_kind)
+
+
+@pytest.fixture
+def world4(world_pool, backend_kind) -> World:
+    return _world(world_pool, 4, backend_kind)
+
+
+@pytest.fixture
+def mpi_world3(world_pool) -> World:
+    """Three ranks under mpiexec on the mpi4py backend (for tests of the backend itself)."""
+    if _mpi_missing():
+        pytest.skip(_mpi_missing())
+    return world_pool.get(3, "mpi")
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The main job (examples/train_digits.py) at small settings: accuracy, agreement across world sizes."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -50,3 +51,14 @@ def test_batch_size_not_divisible_fails_cleanly(cli_env):
                          env=cli_env, capture_output=True, text=True, timeout=200)
     assert out.returncode == 1
     assert "--batch-size 65 is not divisible by the world size 2" in out.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is not installed")
+def test_mpi_backend_reaches_the_same_accuracy(two_ranks, cli_env):
+    """Issue 4: `--backend mpi` (mpi4py on this stock wheel, under mpiexec) trains the same model as gloo."""
+    out = subprocess.run(["polydist", "run", "--backend", "mpi", "--nproc-per-node", "2", EXAMPLE, *SMALL],
+                         env=cli_env, capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stderr
+    assert "world size 2, backend mpi4py" in out.stdout
+    assert "[rank0]: parameters identical on all 2 ranks" in out.stdout
+    assert _accuracy(out.stdout) == _accuracy(two_ranks)

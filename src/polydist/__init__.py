@@ -4,6 +4,7 @@
 runs unchanged). See DESIGN.md for the contract.
 """
 
+from .backends import mpi4py as _mpi4py_backend
 from .codec import set_allow_pickle
 from .collectives import all_reduce, barrier, broadcast, reduce, reduce_scatter
 from .context import (
@@ -27,11 +28,15 @@ from .debug import is_debug, set_debug
 from .errors import CollectiveMismatchError, NotInitializedError, PolydistError, WorkerFailedError
 from .gathering import all_gather, all_to_all, gather, scatter
 from .groups import new_group
+from .helpers import one_rank_first, one_rank_only
 from .launch import Parallel, spawn
 from .p2p import irecv, isend, recv, send
+from .training import DistributedProxySampler, auto_dataloader, auto_model, auto_optim
 from .work import Work
 
 __version__ = "0.1.0"
+
+_mpi4py_backend.register()  # backend "mpi4py" and init method mpi:// (MPI itself starts on first use)
 
 __all__ = [
     # context
@@ -69,6 +74,13 @@ __all__ = [
     "irecv",
     "Work",
     "new_group",
+    "one_rank_only",
+    "one_rank_first",
+    # training
+    "auto_model",
+    "auto_optim",
+    "auto_dataloader",
+    "DistributedProxySampler",
     # settings
     "set_debug",
     "is_debug",

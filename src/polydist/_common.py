@@ -16,7 +16,7 @@ from .work import Work
 # gloo (and unknown backends, to be safe) write partial results into it.
 _REDUCE_KEEPS_INPUT = frozenset({"nccl", "mpi", "mpi4py"})
 # Backends with a native ReduceOp.AVG that matches SUM-then-divide.
-_NATIVE_AVG = frozenset({"nccl"})
+_NATIVE_AVG = frozenset({"nccl", "mpi4py"})
 
 
 _scratch: dict[torch.device, torch.Tensor] = {}

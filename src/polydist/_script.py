@@ -14,19 +14,48 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from .backends import mpi_job
+from .environment import detect
 from .launch import worker_setup
+from .mpiexec import FAILURE_DIR_ENV, prefix_output
 
 
 @record
 def main() -> None:
     argv = sys.argv[1:]
     worker_setup()
+    if os.environ.get(FAILURE_DIR_ENV):  # started by polydist run under mpiexec
+        _run_under_mpi(argv)
+        return
     try:
         _run(argv)
     finally:
         # torch's excepthook prefixes tracebacks with "[rankN]"; the launcher already
         # prefixes every line, so keep Python's own hook and print them once.
         sys.excepthook = sys.__excepthook__
+
+
+def _run_under_mpi(argv: list) -> None:
+    """Run the script as an MPI rank: prefixed output, and any failure aborts the whole job.
+
+    mpiexec merges the ranks' output, so each rank prefixes its own lines
+    (Python-level writes). An uncaught exception or a non-zero ``sys.exit``
+    calls ``MPI_Abort`` — otherwise the other ranks would wait forever in
+    their next collective.
+    """
+    rank = detect().rank
+    if os.environ.get("POLYDIST_PREFIX_OUTPUT") == "1":
+        prefix_output(f"[rank{rank}]: ")
+    sys.excepthook = sys.__excepthook__
+    mpi_job.install_abort_hook()
+    try:
+        _run(argv)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            print(f"polydist: rank {rank} exited with code {exc.code}; aborting the MPI job", file=sys.stderr)
+            mpi_job.record_failure(rank, f"SystemExit: {exc.code}\n")
+            mpi_job.abort(exc.code if isinstance(exc.code, int) else 1)
+        raise
 
 
 def _run(argv: list) -> None:

@@ -1,11 +1,12 @@
 """Timing core for collective benchmarks, in the conventions of nccl-tests.
 
-Used by the scripts in ``benchmarks/`` (and meant for a ``polydist bench``
-command): it times zero-argument callables on every rank and turns the times
-into records, tables and JSON. It talks to ``torch.distributed`` directly — a
-barrier before each timed block and one MAX all-reduce of the times at the
-end — so it measures polydist without depending on it. With no process group
-(serial, world size 1) it times locally.
+Used by the scripts in ``benchmarks/`` and by ``polydist bench``
+(:mod:`polydist.bench`): it times zero-argument callables on every rank and
+turns the times into records, tables and JSON. It talks to
+``torch.distributed`` directly — a barrier before each timed block and one
+MAX all-reduce of the times at the end — so it measures polydist without
+depending on it. With no process group (serial, world size 1) it times
+locally.
 
 Units, everywhere: sizes in **bytes**, times in **seconds**, bandwidths in
 **GB/s = 1e9 bytes per second** (tables show times in µs). Conventions follow
@@ -82,14 +83,22 @@ def format_size(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
-def size_range(lo: Union[str, int], hi: Union[str, int], factor: int = 2) -> list[int]:
-    """Byte sizes ``lo, lo*factor, lo*factor², ...`` up to and including ``hi`` (nccl-tests ``-b -e -f``)."""
+def size_range(
+    lo: Union[str, int], hi: Union[str, int], factor: int = 2, *, step: Union[str, int, None] = None
+) -> list[int]:
+    """Byte sizes ``lo, lo*factor, lo*factor², ...`` up to and including ``hi`` (nccl-tests ``-b -e -f``).
+
+    With ``step`` (bytes, >= 1): ``lo, lo+step, lo+2*step, ...`` instead (nccl-tests ``-i``); ``factor`` is ignored.
+    """
     lo_b, hi_b = parse_size(lo), parse_size(hi)
-    if lo_b < 1 or hi_b < lo_b or factor < 2:
-        raise ValueError(f"need 1 <= lo <= hi and factor >= 2, got lo={lo!r}, hi={hi!r}, factor={factor!r}")
+    step_b = None if step is None else parse_size(step)
+    if lo_b < 1 or hi_b < lo_b or (factor < 2 if step_b is None else step_b < 1):
+        what = f"factor={factor!r}" if step_b is None else f"step={step!r}"
+        raise ValueError(f"need 1 <= lo <= hi and factor >= 2 or step >= 1, got lo={lo!r}, hi={hi!r}, {what}")
     sizes = [lo_b]
-    while sizes[-1] * factor <= hi_b:
-        sizes.append(sizes[-1] * factor)
+    grow = (lambda s: s + step_b) if step_b else (lambda s: s * factor)
+    while grow(sizes[-1]) <= hi_b:
+        sizes.append(grow(sizes[-1]))
     return sizes
 
 
@@ -173,6 +182,7 @@ def measure_many(
     group: Any = None,
     sync: Optional[Callable[[], None]] = None,
     catch: bool = False,
+    local: bool = False,
 ) -> dict[str, Timing]:
     """Time several callables against each other, interleaving their repeats.
 
@@ -203,6 +213,9 @@ def measure_many(
             that callable from then on, instead of raising. Only safe when
             the failure happens on every rank alike (e.g. before any
             communication): a rank failing alone leaves the others waiting.
+        local: time in this process only, even inside a job: no barriers,
+            no reduction over ranks (e.g. a memory-bandwidth reference that
+            one rank measures while the others wait).
 
     Returns:
         label → :class:`Timing`, the same on every rank. Serial (no process
@@ -211,11 +224,14 @@ def measure_many(
     if repeats < 1 or (iters is not None and iters < 1):
         raise ValueError(f"repeats and iters must be >= 1, got repeats={repeats}, iters={iters}")
     warmup = max(warmup, 1) if iters is None else warmup
-    distributed = _distributed()
+    distributed = _distributed() and not local
     if sync is None and _nccl(group):
         sync = torch.cuda.synchronize
     labels = list(fns)
     errors: dict[str, str] = {}
+
+    def over_ranks(values: list[float]) -> list[float]:
+        return values if local else _max_over_ranks(values, group)
 
     def block(label: str, n: int) -> float:
         """Barrier, then mean seconds per call of ``n`` back-to-back calls; inf once the callable failed."""
@@ -238,7 +254,7 @@ def measure_many(
 
     estimates = [statistics.median([block(label, 1) for _ in range(warmup)]) if warmup else 0.0 for label in labels]
     counts = {}
-    for label, est in zip(labels, _max_over_ranks(estimates, group)):
+    for label, est in zip(labels, over_ranks(estimates)):
         auto = math.ceil(target_s / est) if 0 < est < math.inf else max_iters
         counts[label] = iters if iters is not None else max(1, min(max_iters, auto))
     rounds = []
@@ -246,7 +262,7 @@ def measure_many(
         order = labels[r % len(labels) :] + labels[: r % len(labels)]
         times = {label: block(label, counts[label]) for label in order}
         rounds.append([times[label] for label in labels])
-    flat = _max_over_ranks([t for row in rounds for t in row], group)
+    flat = over_ranks([t for row in rounds for t in row])
     results = {}
     for i, label in enumerate(labels):
         times = tuple(flat[r * len(labels) + i] for r in range(repeats))

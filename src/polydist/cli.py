@@ -1,4 +1,4 @@
-"""The ``polydist`` command: ``polydist run`` launches a script on N ranks; ``polydist info`` shows the context."""
+"""The ``polydist`` command: ``run`` launches a script on N ranks, ``bench`` measures collectives, ``info`` shows the context."""
 
 from __future__ import annotations
 
@@ -31,7 +31,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("script", metavar="SCRIPT")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
 
-    sub.add_parser("info", help="show what polydist detects about this process")
+    from . import bench
+
+    bench.add_parser(sub)
+    sub.add_parser(
+        "info",
+        help="show what polydist detects about this process",
+        description="Print the launcher polydist detects (and the environment variable behind each field), "
+        "then the distributed configuration. Works in a plain shell and under any launcher.",
+    )
     return parser
 
 
@@ -48,10 +56,13 @@ def _run(ns: argparse.Namespace) -> int:
     if ns.backend:
         os.environ["POLYDIST_BACKEND"] = ns.backend
     target = ["-m", ns.script] if ns.module else [ns.script]
+    worker = ["-u", "-m", "polydist._script", *target, *ns.args]
+    if ns.backend and ns.backend.lower() in ("mpi", "mpi4py"):
+        return _run_mpi(ns, worker)
     try:
         launch(
             sys.executable,
-            ["-u", "-m", "polydist._script", *target, *ns.args],
+            worker,
             ns.nproc_per_node,
             nnodes=ns.nnodes,
             node_rank=ns.node_rank,
@@ -68,12 +79,66 @@ def _run(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _run_mpi(ns: argparse.Namespace, worker: list) -> int:
+    """``polydist run --backend mpi``: the ranks are started by MPI's own launcher (mpiexec)."""
+    from . import mpiexec
+    from .errors import WorkerFailedError
+
+    if ns.nnodes != 1:
+        print(
+            "polydist run: --backend mpi starts the ranks of one node with mpiexec; for several nodes run "
+            "mpiexec with your host list yourself: mpiexec -n N -hosts A,B python SCRIPT (polydist.initialize('mpi') "
+            "needs no address)",
+            file=sys.stderr,
+        )
+        return 2
+    env = dict(os.environ, POLYDIST_PREFIX_OUTPUT="0" if ns.no_prefix else "1")
+    try:
+        mpiexec.run([sys.executable, *worker], ns.nproc_per_node, env=env)
+    except WorkerFailedError as exc:
+        print(f"polydist run: job failed\n{exc}", file=sys.stderr, flush=True)
+        return 1
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"polydist run: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _info() -> int:
+    from dataclasses import fields
+
+    from .environment import detect
+
+    try:
+        info = detect()
+    except ValueError as exc:  # contradicting launcher variables: say which, instead of a traceback
+        print(f"polydist info: {exc}", file=sys.stderr)
+        return 1
+    sources = dict(info.sources)
+    names = [f.name for f in fields(info) if f.name not in ("sources", "note")]
+    width = max(map(len, names))
+    print("detected environment:")
+    for name in names:
+        source = f"  ({sources[name]})" if name in sources else ""
+        print(f"  {name:<{width}} : {getattr(info, name)}{source}")
+    if info.note:
+        print(f"  {'note':<{width}} : {info.note}")
+    print("configuration:", flush=True)
+    from .context import show_config
+
+    show_config()
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``polydist`` console script; returns the exit code."""
     ns = _parser().parse_args(argv)
     if ns.command == "run":
         return _run(ns)
-    from .context import show_config
+    if ns.command == "bench":
+        from . import bench
 
-    show_config()
-    return 0
+        return bench.run(ns)
+    if ns.command == "info":
+        return _info()
+    return 2

@@ -29,7 +29,7 @@ from ._common import (
     scratch_copy,
 )
 from .context import device
-from .groups import GroupLike, Resolved
+from .groups import GroupLike, Resolved, direct_world
 from .ops import OpLike, check_op_dtype, resolve_op, to_reduce_op
 
 __all__ = ["all_reduce", "reduce", "reduce_scatter", "broadcast", "barrier"]
@@ -117,6 +117,11 @@ def all_reduce(x: Any, op: OpLike = "SUM", group: GroupLike = None, *, async_op:
     Source: ``torch.distributed.all_reduce``; idist ``all_reduce`` for values.
     """
     name = resolve_op(op)
+    if group is None and not async_op and type(x) is torch.Tensor and not debug.is_debug():
+        direct = direct_world()  # MPI world: the backend's blocking allreduce, minus torch's dispatch
+        if direct is not None:
+            check_op_dtype(name, x.dtype)
+            return direct.allreduce_tensor(x, name)
     tensors = _tensors(x)
     if tensors is None:
         number = values.check_number(x, name)
@@ -134,6 +139,8 @@ def all_reduce(x: Any, op: OpLike = "SUM", group: GroupLike = None, *, async_op:
     if debug.is_debug():
         layout = [(codec.dtype_name(t.dtype), list(t.shape)) for t in tensors]
         debug.check(res, "all_reduce", (name, layout), f"all_reduce({_describe(tensors)}, op={name})")
+    if res.direct is not None and not async_op and len(tensors) == 1:
+        return res.direct.allreduce_tensor(tensors[0], name)  # MPI: skip torch's dispatch, same operation
     red, divide = _op(name, res)
     buckets = _coalesce(tensors)
     works = [dist.all_reduce(buf, red, group=res.pg, async_op=async_op) for buf, _ in buckets]

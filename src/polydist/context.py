@@ -19,6 +19,8 @@ from typing import Any, Optional, Union
 import torch
 import torch.distributed as dist
 
+from .backends import mpi4py as mpi4py_backend
+from .backends import mpi_job
 from .environment import ProcessInfo, detect
 from .errors import NotInitializedError
 
@@ -82,13 +84,17 @@ def _resolve_backend(name: Optional[str]) -> str:
     if not isinstance(name, str):
         raise TypeError(f"backend must be a string such as 'gloo' or 'nccl', got {name!r}")
     lowered = name.lower()
-    known = {b.lower() for b in dist.Backend.backend_list}
+    known = {b.lower() for b in dist.Backend.backend_list} | {"mpi"}
     if lowered not in known:
         raise ValueError(f"unknown backend {name!r}; available here: {', '.join(available_backends())}")
     if lowered == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs CUDA devices, and none is visible to this process")
     if lowered == "mpi" and not dist.is_mpi_available():
-        raise ValueError("backend 'mpi' is not available in this PyTorch build")
+        if not mpi4py_backend.register():
+            raise ValueError(
+                "backend 'mpi' needs PyTorch built with MPI or the mpi4py package: pip install mpi4py mpich"
+            )
+        return mpi4py_backend.BACKEND_NAME  # stock wheels: MPI through mpi4py
     return lowered
 
 
@@ -176,18 +182,30 @@ def initialize(
     if not explicit and not info.is_distributed and not os.environ.get("POLYDIST_BACKEND"):
         return  # serial: no launcher, nothing asked for
     name = _resolve_backend(backend)
+    group_kwargs: dict = dict(backend=name, **kwargs)
+    if td is not None:
+        group_kwargs["timeout"] = td
+    if init_method is None and _meets_through_mpi(name, info):
+        init_method = "mpi://"  # rank and world size come from MPI itself
+    if init_method is not None:
+        group_kwargs["init_method"] = init_method
+    if name == "mpi" or init_method == "mpi://":
+        if rank is not None or world_size is not None:
+            group_kwargs.update(rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size)
+        _init(group_kwargs, info)
+        return
     rank = info.rank if rank is None else rank
     world_size = info.world_size if world_size is None else world_size
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} is outside world_size={world_size}")
-
-    group_kwargs: dict = dict(backend=name, rank=rank, world_size=world_size, **kwargs)
-    if td is not None:
-        group_kwargs["timeout"] = td
+    group_kwargs.update(rank=rank, world_size=world_size)
     if init_method is not None:
-        group_kwargs["init_method"] = init_method
+        pass
     elif info.master_addr and info.master_port:
-        group_kwargs["init_method"] = "env://"
+        exported = os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
+        # env:// when the launcher exported the address (torchrun's agent may already host the
+        # store there); tcp:// when detection derived it (Slurm: first host of the node list).
+        group_kwargs["init_method"] = "env://" if exported else f"tcp://{info.master_addr}:{info.master_port}"
     elif world_size == 1:
         group_kwargs["store"] = dist.HashStore()  # nothing to meet: no port, no file
     else:
@@ -197,7 +215,22 @@ def initialize(
         )
     if name == "nccl" and info.local_rank is not None:
         torch.cuda.set_device(info.local_rank)
+    _init(group_kwargs, info)
+
+
+def _meets_through_mpi(name: str, info: ProcessInfo) -> bool:
+    """Rendezvous over MPI: the mpi4py backend, or any backend in an MPI job (also srun --mpi) without MASTER_ADDR."""
+    if name == mpi4py_backend.BACKEND_NAME:
+        return True
+    return info.mpi_flavor is not None and not info.master_addr and mpi4py_backend.register()
+
+
+def _init(group_kwargs: dict, info: ProcessInfo) -> None:
+    global _ctx
     dist.init_process_group(**group_kwargs)
+    if group_kwargs.get("init_method") == "mpi://" or group_kwargs["backend"] == "mpi":
+        # MPI collectives have no timeout: an uncaught exception must end the job.
+        mpi_job.install_abort_hook()
     _ctx = _Context(owns_group=True, layout=_layout_from_env(info) or _layout_from_hostnames())
 
 

@@ -17,7 +17,9 @@ from typing import Iterator, Optional, Sequence, Union
 
 import torch.distributed as dist
 
-__all__ = ["GroupLike", "Resolved", "resolve", "new_group", "clear_cache"]
+from .backends.mpi4py import MPIProcessGroup
+
+__all__ = ["GroupLike", "Resolved", "resolve", "new_group", "clear_cache", "direct_world"]
 
 GroupLike = Union[None, "dist.ProcessGroup", Sequence[int]]
 
@@ -32,6 +34,10 @@ class Resolved:
     pg: Optional["dist.ProcessGroup"]  # None means the default (world) group
     ranks: tuple[int, ...]  # global ranks, in group-rank order
     rank: int  # this process's global rank
+    # The group itself when it is an MPIProcessGroup: its blocking methods can be
+    # called directly, skipping torch.distributed's dispatch (which costs more than
+    # a small MPI collective).
+    direct: Optional[MPIProcessGroup] = None
 
     @property
     def size(self) -> int:
@@ -121,7 +127,8 @@ def resolve(group: GroupLike) -> Resolved:
     if group is None or group is dist.GroupMember.WORLD:
         world = dist.GroupMember.WORLD
         if _world is None or _world[0] is not world:  # every collective asks: build it once per world
-            _world = (world, Resolved(None, tuple(range(dist.get_world_size())), dist.get_rank()))
+            ranks = tuple(range(dist.get_world_size()))
+            _world = (world, Resolved(None, ranks, dist.get_rank(), _direct(world)))
         return _world[1]
     me = dist.get_rank()
     if group is dist.GroupMember.NON_GROUP_MEMBER:
@@ -130,11 +137,27 @@ def resolve(group: GroupLike) -> Resolved:
         ranks = tuple(dist.get_process_group_ranks(group))
         if me not in ranks:
             raise ValueError(f"rank {me} is not in the process group of ranks {list(ranks)}")
-        return Resolved(group, ranks, me)
+        return Resolved(group, ranks, me, _direct(group))
     if isinstance(group, (list, tuple, range)):
         pg = new_group(group)
-        return Resolved(pg, _check_ranks(group), me)
+        return Resolved(pg, _check_ranks(group), me, _direct(pg))
     raise TypeError(f"group must be None, a ProcessGroup or a list of ranks, got {type(group).__name__}")
+
+
+def direct_world() -> Optional[MPIProcessGroup]:
+    """The world group, when it is an MPIProcessGroup that :func:`resolve` already saw; else None.
+
+    The hot path of small collectives on MPI, where a microsecond counts:
+    no rank checks, since the world group has every rank.
+    """
+    world = _world
+    if world is not None and world[1].direct is not None and world[0] is dist.GroupMember.WORLD:
+        return world[1].direct
+    return None
+
+
+def _direct(pg: "dist.ProcessGroup") -> Optional[MPIProcessGroup]:
+    return pg if isinstance(pg, MPIProcessGroup) else None
 
 
 def clear_cache() -> None:

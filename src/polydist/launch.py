@@ -24,6 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from . import context
+from .environment import detect
 from .errors import WorkerFailedError
 
 __all__ = ["spawn", "Parallel", "launch", "worker_setup"]
@@ -163,7 +164,7 @@ def worker_setup() -> None:
     an explicit ``OMP_NUM_THREADS`` wins.
     """
     if "OMP_NUM_THREADS" not in os.environ:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        local = detect().local_world_size or 1  # any launcher's count: mpiexec exports no LOCAL_WORLD_SIZE
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
 
 

@@ -39,6 +39,12 @@ _CANONICAL = {
 }
 
 
+# Every collective resolves its op: remember the spellings seen (a handful) and the
+# (op, dtype) pairs already accepted, so the hot path is one dict lookup each.
+_SEEN: dict[str, str] = {}
+_ACCEPTED: set[tuple[str, torch.dtype]] = set()
+
+
 def resolve_op(op: OpLike) -> str:
     """Return the canonical op name ("SUM", ..., "XOR") for ``op``.
 
@@ -47,8 +53,12 @@ def resolve_op(op: OpLike) -> str:
     is neither a known name nor a supported ReduceOp.
     """
     if isinstance(op, str):
+        known = _SEEN.get(op)
+        if known is not None:
+            return known
         try:
-            return _CANONICAL[_NAMES[op.upper()]]
+            _SEEN[op] = _CANONICAL[_NAMES[op.upper()]]
+            return _SEEN[op]
         except KeyError:
             raise ValueError(
                 f"unknown reduce op {op!r}; expected one of "
@@ -73,6 +83,8 @@ def check_op_dtype(name: str, dtype: torch.dtype) -> None:
     complex tensors; AVG needs a floating-point or complex dtype (an integer
     average cannot be written back in place).
     """
+    if (name, dtype) in _ACCEPTED:
+        return
     floating = dtype.is_floating_point
     complex_ = dtype.is_complex
     if name in ("AND", "OR", "XOR") and (floating or complex_):
@@ -84,3 +96,4 @@ def check_op_dtype(name: str, dtype: torch.dtype) -> None:
             f"reduce op AVG needs a floating-point tensor to hold the result in place, got dtype {dtype}; "
             "use op='SUM' and divide, or convert the tensor to a floating dtype"
         )
+    _ACCEPTED.add((name, dtype))

@@ -1,0 +1,1 @@
+"""torch.distributed backends that polydist adds (registered when polydist is imported)."""
