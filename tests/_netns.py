@@ -21,8 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence
 
 _CAP_NET_ADMIN = 12
 _ETC_NETNS = "/etc/netns"
@@ -56,13 +56,14 @@ def unavailable_reason() -> str:
         return f"network namespaces are Linux-only (platform {sys.platform})"
     if shutil.which("ip") is None:
         return "`ip` (iproute2) is not installed: cannot create network namespaces"
-    if os.geteuid() != 0 and not _has_cap_net_admin():
-        return "not root and no CAP_NET_ADMIN: `ip netns add` is not permitted"
+    if not _has_cap_net_admin():
+        who = "root in a container without it?" if os.geteuid() == 0 else "not root"
+        return f"no CAP_NET_ADMIN ({who}): `ip netns add` is not permitted"
     return ""
 
 
 def _ip(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 class TwoHosts:
@@ -76,7 +77,8 @@ class TwoHosts:
         self.hosts = [
             Host(f"{tag}{x}", f"{tag}v{x}", f"10.213.{octet}.{i + 1}", f"{tag}-node{i}") for i, x in enumerate("ab")
         ]
-        self._made: List[str] = []
+        self._made: list[str] = []
+        self._veth = ""
 
     def setup(self) -> None:
         reason = unavailable_reason()
@@ -87,7 +89,9 @@ class TwoHosts:
             _ip("netns", "del", host.netns)  # a leftover of a crashed session with the same pid
             self._step("netns", "add", host.netns)
             self._made.append(host.netns)
+        _ip("link", "del", a.ifname)  # likewise
         self._step("link", "add", a.ifname, "type", "veth", "peer", "name", b.ifname)
+        self._veth = a.ifname
         entries = "".join(f"{h.addr} {h.hostname}\n" for h in self.hosts)
         with open("/etc/hosts") as f:
             machine = f.read()
@@ -112,12 +116,12 @@ class TwoHosts:
 
     def _netns_id(self, host: Host) -> str:
         out = subprocess.run(self.command(host, ["readlink", "/proc/self/ns/net"]), capture_output=True, text=True,
-                             timeout=20)
+                             timeout=20, check=False)
         if out.returncode != 0:
             raise Unavailable(f"`ip netns exec {host.netns} readlink` failed: {out.stderr.strip()}")
         return out.stdout.strip()
 
-    def command(self, host: Host, argv: Sequence[str], *, own_hostname: bool = False) -> List[str]:
+    def command(self, host: Host, argv: Sequence[str], *, own_hostname: bool = False) -> list[str]:
         """``argv`` run inside ``host``'s namespace; with ``own_hostname`` also in a UTS namespace of its
         own whose host name is ``host.hostname`` (which resolves to ``host.addr``)."""
         prefix = ["ip", "netns", "exec", host.netns]
@@ -144,6 +148,9 @@ class TwoHosts:
             _ip("netns", "del", netns)  # deletes its veth end, and so the pair
             shutil.rmtree(os.path.join(_ETC_NETNS, netns), ignore_errors=True)
         self._made.clear()
+        if self._veth:  # still outside when setup failed half-way (else already gone with its namespace)
+            _ip("link", "del", self._veth)
+            self._veth = ""
         try:
             os.rmdir(_ETC_NETNS)  # only when empty: ours alone
         except OSError:
@@ -164,7 +171,7 @@ class Together:
     """Processes started at once (each in a session of its own, output to files) and awaited with one deadline."""
 
     def __init__(self, commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]],
-                 cwd: Optional[str] = None) -> None:
+                 cwd: str | None = None) -> None:
         self._files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in commands]
         self._procs = [
             subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
@@ -172,7 +179,13 @@ class Together:
             for cmd, env, (out, err) in zip(commands, envs, self._files)
         ]
 
-    def wait(self, timeout: float, hosts: Optional[TwoHosts] = None) -> List[Finished]:
+    def __enter__(self) -> Together:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()  # a test that failed before wait(): no process outlives it
+
+    def wait(self, timeout: float, hosts: TwoHosts | None = None) -> list[Finished]:
         """Wait for all; past ``timeout`` seconds kill them (and, given ``hosts``, all inside its namespaces)
         and raise ``TimeoutError`` with their output so far."""
         deadline = time.monotonic() + timeout
