@@ -1,5 +1,6 @@
 """Context: serial mode, queries in a world, adoption of a user-made group, finalize."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -126,3 +127,32 @@ def test_user_group_is_adopted_and_left_alone(torch_world2):
         assert total == 3.0 and value == "ünïcode"
         assert "already exists" in mismatch
         assert still and after == 2 and ws == 2
+
+
+def test_multinode_gloo_warns_when_the_host_name_is_loopback(monkeypatch):
+    """gloo would offer 127.0.1.1 to the other nodes and fail after a long wait: say so before."""
+    import socket
+    import warnings
+
+    from polydist import context
+    from polydist.environment import ProcessInfo
+
+    real = socket.gethostbyname
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1" if name == socket.gethostname() else real(name))
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    info = ProcessInfo(launcher="polydist", rank=0, world_size=4, local_rank=0, local_world_size=2, node_rank=0,
+                       nnodes=2, master_addr="192.0.2.1", master_port=29500)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 29500))
+    except OSError:
+        pytest.skip("no route to a non-local address on this machine")
+    with pytest.warns(RuntimeWarning, match="GLOO_SOCKET_IFNAME"):
+        context._warn_if_gloo_offers_loopback("gloo", info)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+        context._warn_if_gloo_offers_loopback("gloo", info)  # the user chose an interface
+        monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+        context._warn_if_gloo_offers_loopback("gloo", dataclasses.replace(info, master_addr="127.0.0.1"))  # one host
+        context._warn_if_gloo_offers_loopback("nccl", info)

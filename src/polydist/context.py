@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Optional, Union
@@ -225,8 +226,37 @@ def _meets_through_mpi(name: str, info: ProcessInfo) -> bool:
     return info.mpi_flavor is not None and not info.master_addr and mpi4py_backend.register()
 
 
+def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
+    """Warn before a multi-node gloo job that would fail after a long wait with "Connection refused".
+
+    gloo offers the other ranks the address this host name resolves to; on
+    Debian (127.0.1.1) and in many containers that is loopback, which ranks
+    on other hosts cannot reach. Only a warning: nodes may share one host.
+    """
+    if backend != "gloo" or (info.nnodes or 1) < 2 or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    master = info.master_addr or ""
+    try:
+        mine = socket.gethostbyname(socket.gethostname())
+        if not mine.startswith("127.") or socket.gethostbyname(master).startswith("127."):
+            return
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet: just the route's source
+            probe.connect((master, info.master_port or 1))
+            route = probe.getsockname()[0]
+    except OSError:
+        return
+    warnings.warn(
+        f"host name {socket.gethostname()!r} resolves to loopback {mine}, so gloo would offer the other nodes an "
+        f"address they cannot reach; set GLOO_SOCKET_IFNAME to the interface that reaches {master} "
+        f"(the one with address {route})",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 def _init(group_kwargs: dict, info: ProcessInfo) -> None:
     global _ctx
+    _warn_if_gloo_offers_loopback(group_kwargs["backend"], info)
     dist.init_process_group(**group_kwargs)
     if group_kwargs.get("init_method") == "mpi://" or group_kwargs["backend"] == "mpi":
         # MPI collectives have no timeout: an uncaught exception must end the job.
