@@ -239,8 +239,6 @@ def test_failure_on_one_host_ends_the_job_on_both(failed_job):
     assert "KeyError: 'rank three is broken'" in node1.stderr, node1.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="launch._failure_report always names one of its node's ranks as the one "
-                   "that 'failed first', also when all of them only lost a peer on another node")
 @pytest.mark.timeout(JOB_TIMEOUT_S + 30)
 def test_failure_on_another_host_is_not_blamed_on_a_local_rank(failed_job):
     node0, _ = failed_job

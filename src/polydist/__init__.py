@@ -25,7 +25,13 @@ from .context import (
     show_config,
 )
 from .debug import is_debug, set_debug
-from .errors import CollectiveMismatchError, NotInitializedError, PolydistError, WorkerFailedError
+from .errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    NotInitializedError,
+    PolydistError,
+    WorkerFailedError,
+)
 from .gathering import all_gather, all_to_all, gather, scatter
 from .groups import new_group
 from .helpers import one_rank_first, one_rank_only
@@ -89,5 +95,6 @@ __all__ = [
     "PolydistError",
     "NotInitializedError",
     "CollectiveMismatchError",
+    "CollectiveTimeoutError",
     "WorkerFailedError",
 ]

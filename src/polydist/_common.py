@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from .context import require_group
 from .groups import GroupLike, Resolved, resolve
+from .timeouts import count
 from .work import Work
 
 # Backends whose reduce() leaves the input of non-destination ranks untouched.
@@ -40,9 +41,18 @@ def release_scratch() -> None:
     _scratch.clear()
 
 
-def active_group(group: GroupLike) -> Optional[Resolved]:
-    """The resolved group, or None when the run is serial (no process group, not launched)."""
-    return resolve(group) if require_group() else None
+def active_group(group: GroupLike, collective: bool = True) -> Optional[Resolved]:
+    """The resolved group, or None when the run is serial (no process group, not launched).
+
+    ``collective``: number the call on the group (see :mod:`polydist.timeouts`);
+    point-to-point calls pass False, since only two members take part.
+    """
+    if not require_group():
+        return None
+    res = resolve(group)
+    if collective:
+        count(res)
+    return res
 
 
 def backend_of(res: Resolved) -> str:

@@ -1,9 +1,11 @@
 """Worker-side entry of ``polydist run``: run the user's script as ``__main__``.
 
-Wrapped in torch elastic's ``@record`` so that an uncaught exception is written
-to the agent's error file and the launcher can show the failing rank's
-traceback. Usage (by the launcher only): ``python -m polydist._script SCRIPT
-[ARGS...]`` or ``python -m polydist._script -m MODULE [ARGS...]``.
+Wrapped in torch elastic's ``@record`` so that an uncaught exception (or a
+non-zero ``sys.exit``) is written to the agent's error file and the launcher
+can show the failing rank's traceback. The worker dies with its launcher
+(``$POLYDIST_LAUNCHER_PID``), even one killed with SIGKILL. Usage (by the
+launcher only): ``python -m polydist._script SCRIPT [ARGS...]`` or ``python -m
+polydist._script -m MODULE [ARGS...]``.
 """
 
 from __future__ import annotations
@@ -11,24 +13,32 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import traceback
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .backends import mpi_job
 from .environment import detect
-from .launch import worker_setup
-from .mpiexec import FAILURE_DIR_ENV, prefix_output
+from .launch import die_with_parent, worker_errors, worker_setup
+from .mpiexec import FAILURE_DIR_ENV, mark_done, prefix_output, record_pid
+
+LAUNCHER_PID_ENV = "POLYDIST_LAUNCHER_PID"  # set by polydist run: the parent every worker must outlive
 
 
 @record
 def main() -> None:
     argv = sys.argv[1:]
-    worker_setup()
     if os.environ.get(FAILURE_DIR_ENV):  # started by polydist run under mpiexec
+        die_with_parent()  # the parent is mpiexec's proxy, which ends the ranks itself when it can
+        worker_setup()
         _run_under_mpi(argv)
         return
+    launcher = os.environ.get(LAUNCHER_PID_ENV, "")
+    die_with_parent(int(launcher) if launcher.isdigit() else None)
+    worker_setup()
     try:
-        _run(argv)
+        with worker_errors():
+            _run(argv)
     finally:
         # torch's excepthook prefixes tracebacks with "[rankN]"; the launcher already
         # prefixes every line, so keep Python's own hook and print them once.
@@ -44,6 +54,7 @@ def _run_under_mpi(argv: list) -> None:
     their next collective.
     """
     rank = detect().rank
+    record_pid(rank)  # lets polydist run name this rank if it is killed (no traceback then)
     if os.environ.get("POLYDIST_PREFIX_OUTPUT") == "1":
         prefix_output(f"[rank{rank}]: ")
     sys.excepthook = sys.__excepthook__
@@ -53,9 +64,11 @@ def _run_under_mpi(argv: list) -> None:
     except SystemExit as exc:
         if exc.code not in (0, None):
             print(f"polydist: rank {rank} exited with code {exc.code}; aborting the MPI job", file=sys.stderr)
-            mpi_job.record_failure(rank, f"SystemExit: {exc.code}\n")
+            mpi_job.record_failure(rank, traceback.format_exc())  # where sys.exit was called
             mpi_job.abort(exc.code if isinstance(exc.code, int) else 1)
+        mark_done(rank)
         raise
+    mark_done(rank)  # this rank's exit is not a failure, whenever the others end
 
 
 def _run(argv: list) -> None:

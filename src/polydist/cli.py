@@ -18,7 +18,8 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="run SCRIPT on N processes per node (PyTorch's elastic agent underneath)",
         description="Run SCRIPT [ARGS...] (or -m MODULE) as every rank of a job. Output lines are prefixed "
-        "with the rank; when a rank fails, the others are stopped and its traceback is shown.",
+        "with the rank; when a rank raises, exits non-zero or dies, the others are stopped, its traceback is "
+        "shown and the exit code is 1. The workers die with the launcher.",
     )
     run.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N")
     run.add_argument("--backend", default=None, help="gloo, nccl, mpi, ... (default: nccl with CUDA, else gloo)")
@@ -26,6 +27,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="R")
     run.add_argument("--master-addr", "--master_addr", default=None, metavar="A")
     run.add_argument("--master-port", "--master_port", type=int, default=None, metavar="P")
+    run.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="collective timeout: a collective that waits longer raises polydist.CollectiveTimeoutError naming the "
+        "ranks that did not arrive (exported as $POLYDIST_TIMEOUT, which polydist.initialize() reads when given no "
+        "timeout; default: PyTorch's, 30 min on gloo). MPI collectives have no timeout.",
+    )
     run.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
     run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, as python -m")
     run.add_argument("script", metavar="SCRIPT")
@@ -43,6 +53,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def _run(ns: argparse.Namespace) -> int:
     from .errors import WorkerFailedError
     from .launch import launch
@@ -55,10 +75,13 @@ def _run(ns: argparse.Namespace) -> int:
     os.environ["POLYDIST_LAUNCHER"] = "run"
     if ns.backend:
         os.environ["POLYDIST_BACKEND"] = ns.backend
+    if ns.timeout is not None:
+        os.environ["POLYDIST_TIMEOUT"] = repr(ns.timeout)
     target = ["-m", ns.script] if ns.module else [ns.script]
     worker = ["-u", "-m", "polydist._script", *target, *ns.args]
     if ns.backend and ns.backend.lower() in ("mpi", "mpi4py"):
         return _run_mpi(ns, worker)
+    os.environ["POLYDIST_LAUNCHER_PID"] = str(os.getpid())  # the workers' parent: they die with it
     try:
         launch(
             sys.executable,

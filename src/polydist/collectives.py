@@ -31,6 +31,7 @@ from ._common import (
 from .context import device
 from .groups import GroupLike, Resolved, direct_world
 from .ops import OpLike, check_op_dtype, resolve_op, to_reduce_op
+from .timeouts import guarded
 
 __all__ = ["all_reduce", "reduce", "reduce_scatter", "broadcast", "barrier"]
 
@@ -84,6 +85,7 @@ def _describe(tensors: list[torch.Tensor]) -> str:
 # ---------------------------------------------------------------- all_reduce
 
 
+@guarded("all_reduce")
 def all_reduce(x: Any, op: OpLike = "SUM", group: GroupLike = None, *, async_op: bool = False) -> Any:
     """Reduce ``x`` across the group; every rank gets the result.
 
@@ -158,6 +160,7 @@ def all_reduce(x: Any, op: OpLike = "SUM", group: GroupLike = None, *, async_op:
 # ---------------------------------------------------------------- reduce
 
 
+@guarded("reduce", rooted=True)
 def reduce(x: Any, dst: int = 0, op: OpLike = "SUM", group: GroupLike = None, *, async_op: bool = False) -> Any:
     """Reduce ``x`` across the group onto global rank ``dst``.
 
@@ -221,6 +224,7 @@ def reduce(x: Any, dst: int = 0, op: OpLike = "SUM", group: GroupLike = None, *,
 # ---------------------------------------------------------------- reduce_scatter
 
 
+@guarded("reduce_scatter")
 def reduce_scatter(x: torch.Tensor, op: OpLike = "SUM", group: GroupLike = None, *, async_op: bool = False) -> Any:
     """Reduce ``x`` across the group and give each rank one chunk of the result.
 
@@ -282,6 +286,7 @@ def reduce_scatter(x: torch.Tensor, op: OpLike = "SUM", group: GroupLike = None,
 _TENSOR_FRAME, _VALUE_FRAME = b"T", b"V"
 
 
+@guarded("broadcast", rooted=True)
 def broadcast(
     x: Any,
     src: int = 0,
@@ -393,6 +398,7 @@ def _framed_broadcast(x: Any, src: int, res: Resolved, async_op: bool, allow_pic
 # ---------------------------------------------------------------- barrier
 
 
+@guarded("barrier")
 def barrier(group: GroupLike = None, *, async_op: bool = False) -> Any:
     """Block until every rank of the group has entered the barrier (no-op when serial).
 

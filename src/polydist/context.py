@@ -10,6 +10,7 @@ of the user's to undo.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import warnings
@@ -45,6 +46,12 @@ __all__ = [
 
 Timeout = Union[float, int, timedelta, None]
 
+TIMEOUT_ENV = "POLYDIST_TIMEOUT"  # seconds; exported by ``polydist run --timeout``
+# Joining waits for every rank to start (seconds each, on a loaded machine), so a short
+# collective timeout is applied only once the group exists (gloo and nccl can change it).
+_JOIN_TIMEOUT_FLOOR = timedelta(minutes=2)
+_collective_timeout: Optional[timedelta] = None
+
 
 @dataclass(frozen=True)
 class _Layout:
@@ -69,11 +76,29 @@ _ctx: Optional[_Context] = None
 
 
 def _as_timedelta(timeout: Timeout) -> Optional[timedelta]:
-    if timeout is None or isinstance(timeout, timedelta):
+    if timeout is None:
+        text = os.environ.get(TIMEOUT_ENV, "").strip()
+        if not text:
+            return None
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = 0.0
+        if not 0 < seconds < float("inf"):
+            raise ValueError(f"${TIMEOUT_ENV} must be a positive number of seconds, got {text!r}")
+        return timedelta(seconds=seconds)
+    if isinstance(timeout, timedelta):
+        if timeout <= timedelta(0):
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
         return timeout
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise ValueError(f"timeout must be a positive number of seconds or a timedelta, got {timeout!r}")
     return timedelta(seconds=float(timeout))
+
+
+def collective_timeout() -> Optional[timedelta]:
+    """The collective timeout :func:`initialize` applied (None: PyTorch's default); subgroups get it too."""
+    return _collective_timeout
 
 
 def _resolve_backend(name: Optional[str]) -> str:
@@ -146,8 +171,18 @@ def initialize(
         init_method: a ``torch.distributed`` init method URL (``env://``,
             ``tcp://host:port``, ``file:///path``). ``None`` uses ``env://``
             when a launcher exported ``MASTER_ADDR``/``MASTER_PORT``.
-        timeout: collective timeout, seconds (float) or ``timedelta``;
-            ``None`` keeps PyTorch's default.
+        timeout: collective timeout, seconds (float) or ``timedelta``: how
+            long a collective waits for the other ranks before raising
+            :class:`~polydist.CollectiveTimeoutError`, which names the ranks
+            that did not arrive (see :mod:`polydist.timeouts`). Applies to the
+            world and to the groups polydist creates. ``None`` takes
+            ``$POLYDIST_TIMEOUT`` (seconds, set by ``polydist run --timeout``),
+            else PyTorch's default (30 min on gloo, 10 min on nccl). On gloo
+            and nccl, joining the group waits at least 2 min whatever the
+            timeout, so slow-starting ranks do not fail the rendezvous. MPI
+            collectives have no timeout (the MPI standard has none): on the
+            ``mpi`` backend a rank that raises ends the job with
+            ``MPI_Abort`` and a rank that dies is ended by ``mpiexec``.
         rank, world_size: override what the launcher exported.
         **kwargs: passed on to ``torch.distributed.init_process_group``.
 
@@ -164,7 +199,8 @@ def initialize(
 
     Raises:
         ValueError: unknown or unavailable ``backend``; a backend different
-            from that of an existing group; a bad ``timeout``; ``world_size``
+            from that of an existing group; a bad ``timeout`` or
+            ``$POLYDIST_TIMEOUT``; ``world_size``
             > 1 with no way to rendezvous (no ``init_method``, no
             ``MASTER_ADDR``/``MASTER_PORT``).
     """
@@ -185,7 +221,9 @@ def initialize(
     name = _resolve_backend(backend)
     group_kwargs: dict = dict(backend=name, **kwargs)
     if td is not None:
-        group_kwargs["timeout"] = td
+        settable = name in ("gloo", "nccl") and hasattr(dist.distributed_c10d, "_set_pg_timeout")
+        group_kwargs["timeout"] = max(td, _JOIN_TIMEOUT_FLOOR) if settable else td
+        group_kwargs["_collective_timeout"] = td
     if init_method is None and _meets_through_mpi(name, info):
         init_method = "mpi://"  # rank and world size come from MPI itself
     if init_method is not None:
@@ -255,13 +293,30 @@ def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
 
 
 def _init(group_kwargs: dict, info: ProcessInfo) -> None:
-    global _ctx
+    global _ctx, _collective_timeout
+    td = group_kwargs.pop("_collective_timeout", None)
     _warn_if_gloo_offers_loopback(group_kwargs["backend"], info)
     dist.init_process_group(**group_kwargs)
+    if td is not None and td != group_kwargs["timeout"]:
+        dist.distributed_c10d._set_pg_timeout(td)  # joined with the floor; collectives wait td
+    _collective_timeout = td
     if group_kwargs.get("init_method") == "mpi://" or group_kwargs["backend"] == "mpi":
         # MPI collectives have no timeout: an uncaught exception must end the job.
         mpi_job.install_abort_hook()
     _ctx = _Context(owns_group=True, layout=_layout_from_env(info) or _layout_from_hostnames())
+    atexit.unregister(_finalize_at_exit)  # once, however often the job is re-initialized
+    atexit.register(_finalize_at_exit)
+
+
+def _finalize_at_exit() -> None:
+    """Destroy the group polydist created if the program did not call :func:`finalize`.
+
+    PyTorch 2.13 with gloo often aborts at interpreter exit when the default
+    group is still alive ("terminate called without an active exception",
+    SIGABRT), which a launcher then reports as a failed rank.
+    """
+    if _ctx is not None and _ctx.owns_group:
+        finalize()
 
 
 def finalize() -> None:
@@ -271,15 +326,17 @@ def finalize() -> None:
     subgroups are forgotten. Environment variables are never touched. Calling
     it when serial or twice is harmless.
     """
-    global _ctx
-    from . import _common, debug, groups  # they build on context; import here to keep the layering one-way
+    global _ctx, _collective_timeout
+    from . import _common, debug, groups, timeouts  # they build on context; import here to keep the layering one-way
 
     groups.clear_cache()
     debug.reset()
+    timeouts.reset()
     _common.release_scratch()
     if _ctx is not None and _ctx.owns_group and dist.is_initialized():
         dist.destroy_process_group()
     _ctx = None
+    _collective_timeout = None
 
 
 # ---------------------------------------------------------------- state

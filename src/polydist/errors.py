@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["PolydistError", "NotInitializedError", "CollectiveMismatchError", "WorkerFailedError"]
+__all__ = [
+    "PolydistError",
+    "NotInitializedError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "WorkerFailedError",
+]
 
 
 class PolydistError(RuntimeError):
@@ -28,11 +34,42 @@ class CollectiveMismatchError(PolydistError):
         self.calls = dict(calls or {})
 
 
+class CollectiveTimeoutError(PolydistError):
+    """A collective waited longer than the group's timeout; says which ranks did not arrive.
+
+    Raised in place of the backend's timeout ``RuntimeError`` (it is one, so
+    ``except RuntimeError`` still catches it) by every rank that timed out.
+    Attributes: ``collective`` (e.g. "all_reduce"), ``seq`` (polydist's count
+    of collectives on the group, from 1), ``group`` (global ranks), ``rank``
+    (this rank), ``timeout_s`` (seconds, None if unknown), ``waiting`` (ranks
+    that timed out in the same call) and ``missing`` (the others; None when
+    the store that ranks compare notes through could not be reached).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        collective: str,
+        seq: int,
+        group: tuple,
+        rank: int,
+        timeout_s: float | None,
+        waiting: list | None,
+        missing: list | None,
+    ) -> None:
+        super().__init__(message)
+        self.collective, self.seq, self.group, self.rank = collective, seq, tuple(group), rank
+        self.timeout_s, self.waiting, self.missing = timeout_s, waiting, missing
+
+
 class WorkerFailedError(PolydistError):
     """A launched worker raised or died; the launcher stopped the others.
 
     ``failures`` maps each failed global rank to ``(exit code, traceback or
-    message)``; ``root_rank`` is the rank whose failure caused the others;
+    message)``; ``root_rank`` is the rank whose failure caused the others
+    (-1 when it is not known here: a rank on another node, or a process
+    mpiexec could not tie to a rank);
     ``str()`` names it and shows each failed rank with its traceback.
     """
 

@@ -22,6 +22,7 @@ from ._common import active_group, check_list, check_serial_root, contiguous, do
 from ._compat import all_gather_single
 from .context import device
 from .groups import GroupLike, Resolved
+from .timeouts import guarded
 
 __all__ = ["all_gather", "gather", "scatter", "all_to_all"]
 
@@ -155,6 +156,7 @@ def _debug_kind(x: Any) -> str:
 # ---------------------------------------------------------------- all_gather
 
 
+@guarded("all_gather")
 def all_gather(
     x: Any, group: GroupLike = None, *, concat: bool = True, async_op: bool = False, allow_pickle: Optional[bool] = None
 ) -> Any:
@@ -222,6 +224,7 @@ def all_gather(
 # ---------------------------------------------------------------- gather
 
 
+@guarded("gather", rooted=True)
 def gather(
     x: Any,
     dst: int = 0,
@@ -299,6 +302,7 @@ def _scatter_plan(xs: Any, size: int, allow_pickle: Optional[bool]) -> tuple[Any
     return payloads, None
 
 
+@guarded("scatter", rooted=True)
 def scatter(
     xs: Any, src: int = 0, group: GroupLike = None, *, async_op: bool = False, allow_pickle: Optional[bool] = None
 ) -> Any:
@@ -360,6 +364,7 @@ def scatter(
 # ---------------------------------------------------------------- all_to_all
 
 
+@guarded("all_to_all")
 def all_to_all(
     xs: Any, group: GroupLike = None, *, async_op: bool = False, allow_pickle: Optional[bool] = None
 ) -> Any:

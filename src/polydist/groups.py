@@ -18,6 +18,7 @@ from typing import Iterator, Optional, Sequence, Union
 import torch.distributed as dist
 
 from .backends.mpi4py import MPIProcessGroup
+from .context import collective_timeout
 
 __all__ = ["GroupLike", "Resolved", "resolve", "new_group", "clear_cache", "direct_world"]
 
@@ -78,7 +79,8 @@ def new_group(ranks: Sequence[int], **kwargs) -> "dist.ProcessGroup":
     Only the listed ranks need to call it; calling it again with the same
     ranks returns the same cached group (no new communicator). ``kwargs``
     (e.g. ``backend``, ``timeout``) go to ``torch.distributed.new_group`` the
-    first time. Raises ``ValueError``/``TypeError`` naming a bad rank, and
+    first time; ``timeout`` defaults to the world's (``initialize(timeout=)``).
+    Raises ``ValueError``/``TypeError`` naming a bad rank, and
     ``ValueError`` when this process is not one of ``ranks``.
     """
     key = _check_ranks(ranks)
@@ -86,6 +88,8 @@ def new_group(ranks: Sequence[int], **kwargs) -> "dist.ProcessGroup":
     if me not in key:
         raise ValueError(f"rank {me} is not in group {list(key)}; only its members may create or use it")
     if key not in _cache:
+        if kwargs.get("timeout") is None and collective_timeout() is not None:
+            kwargs["timeout"] = collective_timeout()  # torch would give subgroups its default, not the world's
         with _name_from_ranks():
             _cache[key] = dist.new_group(list(key), use_local_synchronization=True, **kwargs)
     return _cache[key]

@@ -7,29 +7,44 @@ so the OS picks a free port and two jobs on one machine never collide.
 Multi-node jobs use torchrun's static rendezvous at ``master_addr:master_port``.
 When any worker fails, the agent stops the others and the launcher raises
 :class:`~polydist.errors.WorkerFailedError` naming the failed ranks with their
-tracebacks.
+tracebacks. Workers die with their launcher, also one killed with SIGKILL
+(:func:`die_with_parent`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import logging
 import os
 import signal
+import sys
 import tempfile
+import time
 import uuid
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, get_error_handler
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from . import context
 from .environment import detect
 from .errors import WorkerFailedError
 
-__all__ = ["spawn", "Parallel", "launch", "worker_setup"]
+__all__ = [
+    "spawn",
+    "Parallel",
+    "launch",
+    "worker_setup",
+    "die_with_parent",
+    "death_signal_setter",
+    "worker_errors",
+]
 
 _SHUTDOWN_TIMEOUT_S = 5  # SIGTERM → SIGKILL grace for the survivors of a failed job
+_PEER_GONE_GRACE_S = 3  # how long a rank that lost a peer waits for the launcher to notice that peer
 RANK_PREFIX = "[rank${rank}]: "
 
 
@@ -110,10 +125,25 @@ def launch(
         cfg = _config(
             nproc_per_node, nnodes, node_rank, master_addr, master_port, specs, RANK_PREFIX if prefix_output else None
         )
+        agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+        agent_log.addFilter(_no_traceback)
         try:
             return elastic_launch(cfg, entrypoint)(*args)
         except ChildFailedError as exc:
-            raise _failure_report(exc) from None
+            raise _failure_report(exc, nnodes) from None
+        finally:
+            agent_log.removeFilter(_no_traceback)
+
+
+def _no_traceback(record: logging.LogRecord) -> bool:
+    """Log torch's "failed (exitcode ...)" line without the worker's traceback.
+
+    polydist's report shows that traceback; and formatting one makes torch's
+    log formatter import ``torch._dynamo``, 1-3 s spent exactly while a job
+    is failing.
+    """
+    record.exc_info, record.exc_text = None, None
+    return True
 
 
 # Errors a rank gets when a *peer* went away mid-collective: consequences, not causes.
@@ -121,38 +151,75 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken p
 
 
 def _traceback(failure: Any) -> str:
+    """The traceback the worker recorded, or "" when it recorded none (killed, crashed, os._exit)."""
     data = failure.error_file_data or {}
     message = data.get("message")
     if isinstance(message, dict):
         return message.get("extraInfo", {}).get("py_callstack") or message.get("message", "")
-    return failure.message or ""
+    return message if isinstance(message, str) and message != "<NONE>" else ""  # torch's "<NONE>": no error file
 
 
-def _failure_report(exc: ChildFailedError) -> WorkerFailedError:
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _how(code: Optional[int]) -> str:
+    """``exit code -9 (killed by SIGKILL)`` for a signal (negative code), ``exit code 3`` otherwise."""
+    if code is not None and code < 0:
+        return f"exit code {code} (killed by {_signal_name(-code)})"
+    return f"exit code {code}"
+
+
+def _no_traceback_text(failure: Any) -> str:
+    if failure.exitcode is not None and failure.exitcode < 0:
+        return f"(no traceback: the process was killed by {_signal_name(-failure.exitcode)}, by someone or by the OS)"
+    return (
+        f"(no traceback: the process ended with exit code {failure.exitcode} without raising: "
+        "os._exit, or a crash in native code)"
+    )
+
+
+def _failure_report(exc: ChildFailedError, nnodes: int = 1) -> WorkerFailedError:
     """Name the rank that caused the failure and show its traceback.
 
     torch picks the earliest failure by a timestamp in whole seconds, so a
     rank that died of "connection closed by peer" can tie with, and be
     blamed for, the rank that really raised. Rank causes above consequences
-    (peer-gone errors, ranks the agent stopped), then by time.
+    (peer-gone errors, ranks the agent stopped), then by time. In a
+    multi-node job whose local failures are all consequences, the cause is on
+    another node: no local rank is blamed (``root_rank`` -1).
     """
+
+    def peer_gone(f: Any) -> bool:
+        return any(marker in _traceback(f) for marker in _PEER_GONE)
+
     def consequence(item: tuple) -> tuple:
         _, f = item
-        peer_gone = any(marker in _traceback(f) for marker in _PEER_GONE)
-        stopped = f.exitcode == -signal.SIGTERM
-        return (peer_gone or stopped, f.timestamp)
+        return (peer_gone(f) or f.exitcode == -signal.SIGTERM, f.timestamp)
 
     ordered = sorted(exc.failures.items(), key=consequence)
     root_rank, root = ordered[0]
-    lines = [
-        f"rank {root_rank} (local rank {root.local_rank}, pid {root.pid}) failed first, with exit code "
-        f"{root.exitcode}; the other ranks were stopped.",
-        f"--- traceback of rank {root_rank} ---",
-        _traceback(root).rstrip() or "(no traceback recorded: the process died without raising)",
-    ]
-    for rank, f in ordered[1:]:
+    if nnodes > 1 and consequence(ordered[0])[0] and any(peer_gone(f) for _, f in ordered):
+        root_rank, rest = -1, ordered
+        lines = [
+            f"no rank of this node failed on its own: ranks {sorted(exc.failures)} lost their connection to a "
+            "peer or were stopped; the rank that failed first is on another node (see that node's report)."
+        ]
+    else:
+        rest = ordered[1:]
+        lines = [
+            f"rank {root_rank} (local rank {root.local_rank}, pid {root.pid}) failed first, with "
+            f"{_how(root.exitcode)}; the other ranks were stopped.",
+            f"--- traceback of rank {root_rank} ---",
+            _traceback(root).rstrip() or _no_traceback_text(root),
+        ]
+    for rank, f in rest:
         last = (_traceback(f).strip().splitlines() or [""])[-1]
-        lines.append(f"rank {rank}: exit code {f.exitcode}{': ' + last if last else ''}")
+        last = last if len(last) <= 160 else last[:157] + "..."
+        lines.append(f"rank {rank}: {_how(f.exitcode)}{': ' + last if last else ''}")
     failures = {r: (f.exitcode, _traceback(f)) for r, f in exc.failures.items()}
     return WorkerFailedError("\n".join(lines), failures, root_rank)
 
@@ -168,11 +235,80 @@ def worker_setup() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
 
 
-def _spawned(fn: Callable, args: tuple, kwargs: dict, backend: Optional[str], init: dict) -> Any:
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def death_signal_setter() -> Optional[Callable[[], int]]:
+    """``prctl(PR_SET_PDEATHSIG, SIGKILL)`` for the calling process, as a function; None off Linux.
+
+    Resolved now, so the function is also safe to run between fork and exec
+    (as a ``subprocess`` ``preexec_fn``).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # a libc without prctl: run unguarded
+        return None
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def die_with_parent(parent_pid: Optional[int] = None) -> None:
+    """Have the kernel SIGKILL this process when its parent (the launcher) dies; Linux only.
+
+    torch's elastic agent starts each worker in a session of its own, so a
+    launcher killed with SIGKILL, which cannot stop them, would leave them
+    running — blocked in a collective for up to its timeout. Uses
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``. ``parent_pid``: the pid the parent
+    had (None: any parent but init); if the parent already died before this
+    call (the process was reparented), exit at once. Does nothing elsewhere
+    than Linux.
+    """
+    arm = death_signal_setter()
+    if arm is None or arm() != 0:
+        return
+    parent = os.getppid()
+    reparented = parent != parent_pid if parent_pid is not None else parent == 1
+    if reparented:  # the parent died before prctl took effect
+        sys.stderr.write(f"polydist: the launcher (pid {parent_pid or 'unknown'}) is gone; this worker exits\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def worker_errors() -> Iterator[None]:
+    """Around a worker's own code (inside torch's ``@record``): make its failures report well.
+
+    * A non-zero ``sys.exit`` is recorded like an exception (torch's
+      ``@record`` lets it pass), so the launcher shows where it was called.
+    * A lost connection to a peer ("Connection closed by peer": a failed
+      peer, seen sometimes before the peer's own exit) pauses this rank 3 s
+      before re-raising. The launcher stops it meanwhile, so the peer is
+      reported as the cause (torch's spawn reports only the first process to
+      exit), and this rank is not stopped halfway through writing its error
+      file (which torch's agent would then fail to read).
+    """
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            get_error_handler().record_exception(exc)
+        raise
+    except RuntimeError as exc:
+        if any(marker in str(exc) for marker in _PEER_GONE):
+            time.sleep(_PEER_GONE_GRACE_S)
+        raise
+
+
+def _spawned(
+    fn: Callable, args: tuple, kwargs: dict, backend: Optional[str], init: dict, parent_pid: Optional[int] = None
+) -> Any:
     """Body of each spawned process: join the job, call ``fn(local_rank, ...)``, leave."""
+    die_with_parent(parent_pid)
     worker_setup()
     context.initialize(backend, **init)
-    result = fn(context.get_local_rank(), *args, **kwargs)
+    with worker_errors():
+        result = fn(context.get_local_rank(), *args, **kwargs)
     # Only on success: after an error the process exits and its peers see it
     # at once, whereas tearing the group down first could block.
     context.finalize()
@@ -203,14 +339,23 @@ def spawn(
         nnodes, node_rank, master_addr, master_port: multi-node jobs: run
             ``spawn`` on each node with its ``node_rank`` and node 0's address.
             Single-node jobs need none of them (a free loopback port is used).
-        init_method, timeout: passed to :func:`polydist.initialize`.
+        init_method: passed to :func:`polydist.initialize`.
+        timeout: collective timeout, seconds or ``timedelta``, passed to
+            :func:`polydist.initialize`: a collective that waits longer raises
+            :class:`~polydist.CollectiveTimeoutError` naming the ranks that did
+            not arrive, which fails the job. None: ``$POLYDIST_TIMEOUT``, else
+            PyTorch's default.
 
     Returns:
         The return values of ``fn`` on this node, by local rank.
 
     Raises:
-        WorkerFailedError: a process raised or died; the others were stopped;
-            the message names the failed ranks and shows their tracebacks.
+        WorkerFailedError: a process raised, exited non-zero or died; the
+            others were stopped (SIGTERM, then SIGKILL after 5 s); the message
+            names the failed ranks and shows their tracebacks (for
+            ``sys.exit(n)``, where it was called). On a 2-vCPU machine it is
+            raised 0.1 s (a killed rank) to 0.7 s (a rank that raised) after
+            the failure (``benchmarks/failure_latency.py``).
         ValueError: bad sizes, or multi-node without master address/port.
 
     Source: idist ``spawn``, on ``torch.distributed.launcher`` instead of
@@ -219,7 +364,7 @@ def spawn(
     init = {"init_method": init_method, "timeout": timeout}
     results = launch(
         _spawned,
-        (fn, tuple(args), dict(kwargs_dict or {}), backend, init),
+        (fn, tuple(args), dict(kwargs_dict or {}), backend, init, os.getpid()),
         nproc_per_node,
         nnodes=nnodes,
         node_rank=node_rank,
@@ -237,6 +382,8 @@ class Parallel:
     Without ``nproc_per_node`` it joins the job this process is already in
     (``polydist run``, torchrun, ...) — or runs serially — and calls
     ``fn(local_rank, *args, **kwargs)`` here, finalizing on exit.
+    ``timeout=`` (among ``spawn_kwargs``) is the collective timeout, in
+    seconds, in both cases (see :func:`spawn`).
 
     Source: idist ``Parallel``.
     """

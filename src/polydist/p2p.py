@@ -36,7 +36,7 @@ _TENSOR_MAGIC = 0x70645431  # "pdT1": a debug-mode tensor header
 
 
 def _peer(peer: int, name: str, group: GroupLike, tag: int) -> Resolved:
-    res = active_group(group)
+    res = active_group(group, collective=False)
     if res is None:
         raise ValueError(f"{name}={peer}: point-to-point needs a process group; a serial run has no peer")
     res.check_root(peer, name)
