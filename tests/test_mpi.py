@@ -307,15 +307,16 @@ def _mpiexec(n, code, env, timeout=90):
 def test_plain_mpiexec_with_ddp_on_stock_wheel(cli_env):
     """The issue's "done when": mpiexec -n 3 python -c "import polydist; polydist.initialize('mpi'); ..." with DDP."""
     code = """
-        import torch, torch.distributed as dist, polydist
+        import sys, torch, torch.distributed as dist, polydist
         assert not dist.is_mpi_available()  # a stock wheel
         polydist.initialize("mpi")
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
         model(torch.randn(8, 4) * (polydist.get_rank() + 1)).sum().backward()
         grads = polydist.all_gather(model.module.weight.grad.reshape(1, -1))
         same = all(torch.equal(grads[0], g) for g in grads)
-        print(f"rank {polydist.get_rank()}/{polydist.get_world_size()} {polydist.backend()} "
-              f"local {polydist.get_local_rank()} same {same}", flush=True)
+        # one write per line: mpiexec merges the ranks' unbuffered output
+        sys.stdout.write(f"rank {polydist.get_rank()}/{polydist.get_world_size()} {polydist.backend()} "
+                         f"local {polydist.get_local_rank()} same {same}\\n")
         polydist.finalize()
     """
     out = _mpiexec(3, code, _mpi_env(cli_env))
@@ -326,9 +327,9 @@ def test_plain_mpiexec_with_ddp_on_stock_wheel(cli_env):
 
 def test_gloo_under_mpiexec_needs_no_master_address(cli_env):
     code = """
-        import polydist
+        import sys, polydist
         polydist.initialize("gloo")  # rendezvous through mpi://, no MASTER_ADDR/PORT
-        print("sum", polydist.all_reduce(polydist.get_rank() + 1), polydist.backend(), flush=True)
+        sys.stdout.write(f"sum {polydist.all_reduce(polydist.get_rank() + 1)} {polydist.backend()}\\n")
     """
     env = _mpi_env(cli_env)
     assert "MASTER_ADDR" not in env
