@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["main"]
 
@@ -64,7 +64,6 @@ def _seconds(text: str) -> float:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from .errors import WorkerFailedError
     from .launch import launch
 
     if not ns.module and not os.path.exists(ns.script):
@@ -82,8 +81,8 @@ def _run(ns: argparse.Namespace) -> int:
     if ns.backend and ns.backend.lower() in ("mpi", "mpi4py"):
         return _run_mpi(ns, worker)
     os.environ["POLYDIST_LAUNCHER_PID"] = str(os.getpid())  # the workers' parent: they die with it
-    try:
-        launch(
+    return _reporting(
+        lambda: launch(
             sys.executable,
             worker,
             ns.nproc_per_node,
@@ -93,10 +92,19 @@ def _run(ns: argparse.Namespace) -> int:
             master_port=ns.master_port,
             prefix_output=not ns.no_prefix,
         )
+    )
+
+
+def _reporting(start: Callable[[], Any]) -> int:
+    """Run a launch; its outcome as ``polydist run``'s exit code: 0, 1 (a rank failed: report), 2 (bad use)."""
+    from .errors import WorkerFailedError
+
+    try:
+        start()
     except WorkerFailedError as exc:
         print(f"polydist run: job failed\n{exc}", file=sys.stderr, flush=True)
         return 1
-    except ValueError as exc:
+    except (ValueError, FileNotFoundError) as exc:  # bad sizes or addresses; no mpiexec
         print(f"polydist run: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -105,7 +113,6 @@ def _run(ns: argparse.Namespace) -> int:
 def _run_mpi(ns: argparse.Namespace, worker: list) -> int:
     """``polydist run --backend mpi``: the ranks are started by MPI's own launcher (mpiexec)."""
     from . import mpiexec
-    from .errors import WorkerFailedError
 
     if ns.nnodes != 1:
         print(
@@ -116,15 +123,7 @@ def _run_mpi(ns: argparse.Namespace, worker: list) -> int:
         )
         return 2
     env = dict(os.environ, POLYDIST_PREFIX_OUTPUT="0" if ns.no_prefix else "1")
-    try:
-        mpiexec.run([sys.executable, *worker], ns.nproc_per_node, env=env)
-    except WorkerFailedError as exc:
-        print(f"polydist run: job failed\n{exc}", file=sys.stderr, flush=True)
-        return 1
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"polydist run: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return _reporting(lambda: mpiexec.run([sys.executable, *worker], ns.nproc_per_node, env=env))
 
 
 def _info() -> int:

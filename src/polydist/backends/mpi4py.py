@@ -92,16 +92,12 @@ class MPIProcessGroup(dist.ProcessGroup):
         if isinstance(op, str) and wide is None and t.dtype in _mpi.REDUCE_TYPES:
             _mpi.PLANS[(t.dtype, op)] = (_mpi.REDUCE_TYPES[t.dtype], mpi_op, name == "AVG")
         with _mpi.Contiguous(t) as c:
-            if wide is not None:
-                w = c.to(wide)
-                self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.typed(w), mpi_op)
-                if name == "AVG":
-                    w.div_(self.comm.Get_size())
+            w = c.to(wide) if wide is not None else c
+            self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.typed(w), mpi_op)
+            if name == "AVG":
+                w.div_(self.comm.Get_size())
+            if w is not c:
                 c.copy_(w)
-            else:
-                self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.typed(c), mpi_op)
-                if name == "AVG":
-                    c.div_(self.comm.Get_size())
         return t
 
     def allreduce(self, tensors: list, opts: Any = None) -> _mpi.Work:
