@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test fuzz setup clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The codec fuzz tests with a long budget (5,000 examples per property; make test runs 150).
+fuzz: $(STAMP)
+	$(BIN)/python -m pytest tests/unit/test_codec_fuzz.py --hypothesis-profile=long -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,4 +1,4 @@
-"""Command line, set-up and reporting shared by the benchmark scripts (timing lives in polydist.benchmark)."""
+"""Command line, set-up and reporting shared by the benchmark scripts (timing lives in polydist.bench.timing)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 import polydist as pd
-from polydist.benchmark import Record, format_table, parse_size, run_metadata, size_range, write_json, write_markdown
+from polydist.bench.records import Record, format_table, run_metadata, write_json, write_markdown
+from polydist.bench.units import parse_size, size_range
 
 # Raw torch.distributed, under the names of the PyTorch at hand (2.13 renamed the *_tensor forms to *_single).
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -50,7 +51,7 @@ def sizes(args: argparse.Namespace) -> list[int]:
 
 
 def timing(args: argparse.Namespace) -> dict:
-    """Keyword arguments for polydist.benchmark.measure_many from the command line."""
+    """Keyword arguments for polydist.bench.timing.measure_many from the command line."""
     if args.quick:
         return dict(iters=args.iters, warmup=1, repeats=2, target_s=0.005, catch=True)
     return dict(iters=args.iters, warmup=args.warmup, repeats=args.repeats, target_s=args.target_time, catch=True)

@@ -19,7 +19,8 @@ import _common
 import torch
 
 import polydist as pd
-from polydist.benchmark import Record, measure_many
+from polydist.bench.records import Record
+from polydist.bench.timing import measure_many
 
 
 def _with_debug(enabled: bool, call: Callable[[torch.Tensor], object], x: torch.Tensor) -> Callable[[], None]:

@@ -31,7 +31,8 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 import polydist as pd
-from polydist.benchmark import Record, measure_many
+from polydist.bench.records import Record
+from polydist.bench.timing import measure_many
 
 
 def _gradients(layers: int, width: int, device: torch.device) -> list[torch.Tensor]:

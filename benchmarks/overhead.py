@@ -1,7 +1,7 @@
 """Overhead of polydist's tensor collectives over raw torch.distributed, on the same backend.
 
 For each collective and size, times the polydist call and the torch.distributed
-call that produces the same result, interleaved (see polydist.benchmark). Sizes
+call that produces the same result, interleaved (see polydist.bench.timing). Sizes
 follow nccl-tests: the full gathered buffer for all_gather/gather, the full
 input for reduce_scatter/scatter, the whole send buffer for all_to_all.
 Tensors are float32 zeros on ``polydist.device()``. Where polydist returns a
@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 import polydist as pd
-from polydist.benchmark import Record, measure_many
+from polydist.bench.records import Record
+from polydist.bench.timing import measure_many
 
 
 class Ctx(NamedTuple):

@@ -24,7 +24,9 @@ import _common
 import torch
 
 import polydist as pd
-from polydist.benchmark import Record, format_size, measure_many
+from polydist.bench.records import Record
+from polydist.bench.timing import measure_many
+from polydist.bench.units import format_size
 
 WIDTH = 16  # float32 columns per row: 64-byte rows
 

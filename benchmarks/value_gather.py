@@ -23,7 +23,8 @@ import _common
 import torch.distributed as dist
 
 import polydist as pd
-from polydist.benchmark import Record, measure_many
+from polydist.bench.records import Record
+from polydist.bench.timing import measure_many
 
 
 def _ignite() -> Any:

@@ -26,7 +26,7 @@ bandwidth-bound ring it is the bandwidth each link achieves.
 The script first checks the ring against ``polydist.all_reduce`` on random
 float32 data, over sizes that do and do not divide by the world size and a
 2-d tensor (``allclose``; exit status 1 on a mismatch), then times both with
-the shared harness :mod:`polydist.benchmark` (barrier before each timed block,
+the shared harness :mod:`polydist.bench.timing` (barrier before each timed block,
 slowest rank's time, median over repeats) and prints on rank 0 a table of
 time, algbw and busbw (GB/s = 1e9 bytes/s) for each size.
 
@@ -44,7 +44,9 @@ from typing import Optional, Sequence
 import torch
 
 import polydist as pdist
-from polydist.benchmark import Record, format_size, format_table, measure_many, parse_size
+from polydist.bench.records import Record, format_table
+from polydist.bench.timing import measure_many
+from polydist.bench.units import format_size, parse_size
 
 RING, ALL_REDUCE = "ring (isend/recv)", "polydist.all_reduce"
 

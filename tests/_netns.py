@@ -1,4 +1,4 @@
-"""Two "hosts" on one machine: two network namespaces joined by a veth pair (for tests/test_multinode.py).
+"""Two "hosts" on one machine: two network namespaces joined by a veth pair (for tests/launch/test_multinode.py).
 
 Each host has its own network stack (``lo`` and one end of the veth pair,
 with an address in a private /24), so a job spread over the two meets only

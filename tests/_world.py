@@ -110,7 +110,11 @@ class World:
         server = socket.create_server(("127.0.0.1", 0))
         server.settimeout(ANSWER_TIMEOUT_S * 2)
         here = os.path.dirname(os.path.abspath(__file__))
-        env = dict(os.environ, POLYDIST_TEST_AUTHKEY=mp.current_process().authkey.hex(), PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+        # The ranks unpickle test functions by module name: give them this process's import path, as
+        # multiprocessing's spawn does (pytest puts each test folder on it).
+        path = [here, *(p for p in sys.path if p and os.path.isdir(p)), os.environ.get("PYTHONPATH")]
+        env = dict(os.environ, POLYDIST_TEST_AUTHKEY=mp.current_process().authkey.hex(),
+                   PYTHONPATH=os.pathsep.join(dict.fromkeys(filter(None, path))))
         for name in [k for k in env if k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "SLURM_"))]:
             del env[name]  # a fresh job, not a nested one
         port = str(server.getsockname()[1])

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
+from . import settings
+
 __all__ = ["main"]
 
 
@@ -41,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("script", metavar="SCRIPT")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
 
-    from . import bench
+    from .bench import cli as bench
 
     bench.add_parser(sub)
     sub.add_parser(
@@ -64,23 +66,23 @@ def _seconds(text: str) -> float:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from .launch import launch
+    from .launch.elastic import launch
 
     if not ns.module and not os.path.exists(ns.script):
         print(f"polydist run: no such script: {ns.script}", file=sys.stderr)
         return 2
     # This is the launcher's own process: its environment is ours to set, and
     # the workers inherit it.
-    os.environ["POLYDIST_LAUNCHER"] = "run"
+    os.environ[settings.LAUNCHER.name] = "run"
     if ns.backend:
-        os.environ["POLYDIST_BACKEND"] = ns.backend
+        os.environ[settings.BACKEND.name] = ns.backend
     if ns.timeout is not None:
-        os.environ["POLYDIST_TIMEOUT"] = repr(ns.timeout)
+        os.environ[settings.TIMEOUT.name] = repr(ns.timeout)
     target = ["-m", ns.script] if ns.module else [ns.script]
-    worker = ["-u", "-m", "polydist._script", *target, *ns.args]
+    worker = ["-u", "-m", "polydist.launch.worker", *target, *ns.args]
     if ns.backend and ns.backend.lower() in ("mpi", "mpi4py"):
         return _run_mpi(ns, worker)
-    os.environ["POLYDIST_LAUNCHER_PID"] = str(os.getpid())  # the workers' parent: they die with it
+    os.environ[settings.LAUNCHER_PID.name] = str(os.getpid())  # the workers' parent: they die with it
     return _reporting(
         lambda: launch(
             sys.executable,
@@ -112,7 +114,7 @@ def _reporting(start: Callable[[], Any]) -> int:
 
 def _run_mpi(ns: argparse.Namespace, worker: list) -> int:
     """``polydist run --backend mpi``: the ranks are started by MPI's own launcher (mpiexec)."""
-    from . import mpiexec
+    from .launch import mpiexec
 
     if ns.nnodes != 1:
         print(
@@ -122,7 +124,7 @@ def _run_mpi(ns: argparse.Namespace, worker: list) -> int:
             file=sys.stderr,
         )
         return 2
-    env = dict(os.environ, POLYDIST_PREFIX_OUTPUT="0" if ns.no_prefix else "1")
+    env = dict(os.environ, **{settings.PREFIX_OUTPUT.name: "0" if ns.no_prefix else "1"})
     return _reporting(lambda: mpiexec.run([sys.executable, *worker], ns.nproc_per_node, env=env))
 
 
@@ -158,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if ns.command == "run":
         return _run(ns)
     if ns.command == "bench":
-        from . import bench
+        from .bench import cli as bench
 
         return bench.run(ns)
     if ns.command == "info":

@@ -1,12 +1,28 @@
 """Python values ↔ bytes, safely: msgpack plus extension types, no pickle.
 
 Decoding never executes code: it only rebuilds the types listed below, so a
-payload from another rank cannot run anything here. Supported, nested to any
-depth: None, bool, int (any size, exact), float (float64), complex, str
-(UTF-8), bytes (a bytearray arrives as bytes), list, tuple, dict, set, frozenset,
+payload from another rank cannot run anything here. Supported: None, bool,
+int (any size, exact), float (float64), complex, str (UTF-8), bytes (a
+bytearray arrives as bytes), list, tuple, dict, set, frozenset,
 ``pathlib.PurePath``, ``torch.Tensor`` (dense; dtype and shape kept; arrives on
 the decoder's ``device``) and NumPy arrays and scalars (non-object dtypes).
 Anything else raises ``TypeError`` naming the type, at encode time.
+
+Bytes from another rank are hostile until checked. :func:`decode` therefore
+
+* allocates nothing the payload does not back: a tensor or array is accepted
+  only when its data holds exactly ``numel × itemsize`` bytes for its declared
+  dtype and shape (at most :data:`MAX_DIMS` dims), and every msgpack length is
+  bounded by the payload's size (msgpack's own rule for ``unpackb``); so
+  decoding allocates at most a small multiple of the payload;
+* never recurses per nesting level on the C stack: tuples, sets and
+  frozensets travel in-band as one-entry maps keyed by a marker, so the whole
+  structure is one msgpack pass, whose unpacker keeps its nesting on a fixed
+  stack. Both sides stop at msgpack's limit of :data:`MAX_DEPTH` (1024)
+  levels, a list or dict counting one and a tuple, set or frozenset two:
+  ``encode`` raises ``ValueError`` for a deeper structure, so whatever
+  encodes also decodes, and ``decode`` refuses a deeper payload;
+* raises ``ValueError`` for anything malformed, whatever the corruption.
 
 Pickle is an explicit opt-in: with ``allow_pickle=True`` (per call) or
 :func:`set_allow_pickle` / ``POLYDIST_ALLOW_PICKLE=1`` (process-wide), other
@@ -16,55 +32,63 @@ same opt-in on the receiving side, because unpickling can run code.
 
 from __future__ import annotations
 
-import os
+import math
 import pathlib
 import pickle
+import reprlib
 from typing import Any, Optional
 
 import msgpack
 import numpy as np
 import torch
 
+from .settings import pickle_allowed
+
 __all__ = [
+    "MAX_DIMS",
+    "MAX_DEPTH",
     "encode",
     "decode",
     "dtype_name",
     "torch_dtype",
+    "check_shape",
     "tensor_bytes",
     "tensor_from_bytes",
-    "set_allow_pickle",
-    "pickle_allowed",
 ]
 
-# Extension type codes. Part of the wire format: never renumber.
+# Extension type codes. Part of the wire format: never renumber. _TUPLE, _SET
+# and _FROZENSET appear only as empty markers: the key of a one-entry map
+# whose value is the list of items.
 _TUPLE, _SET, _FROZENSET, _COMPLEX, _BIGINT, _PATH, _TENSOR, _NDARRAY, _NPSCALAR, _PICKLE = range(1, 11)
 
-_allow_pickle: Optional[bool] = None  # None: follow POLYDIST_ALLOW_PICKLE
+MAX_DIMS = 64  # NumPy's limit (NPY_MAXDIMS); more than any real tensor has
+MAX_DEPTH = 1024  # msgpack's nesting limit, the same in its packer and unpacker
 
 
-def set_allow_pickle(allow: bool) -> None:
-    """Process-wide pickle opt-in for value collectives (default off; set it on every rank).
+class _Marker:
+    """What a container marker decodes to: hashable, never equal to a user's key."""
 
-    With it, values of types the safe codec does not know are pickled, and
-    pickled payloads from other ranks are unpickled — which can execute code,
-    so only enable it between processes that trust each other.
-    """
-    global _allow_pickle
-    _allow_pickle = bool(allow)
+    __slots__ = ("build",)
+
+    def __init__(self, build: Any) -> None:
+        self.build = build
 
 
-def pickle_allowed(allow_pickle: Optional[bool] = None) -> bool:
-    """The effective opt-in: the per-call flag when given, else the process-wide setting."""
-    if allow_pickle is not None:
-        return bool(allow_pickle)
-    if _allow_pickle is not None:
-        return _allow_pickle
-    return os.environ.get("POLYDIST_ALLOW_PICKLE", "0").lower() in ("1", "true", "yes", "on")
+_MARKERS = {_TUPLE: _Marker(tuple), _SET: _Marker(set), _FROZENSET: _Marker(frozenset)}
+_MARKER_KEYS = {code: msgpack.ExtType(code, b"") for code in _MARKERS}
 
 
 def _pack(obj: Any, allow_pickle: bool = False) -> bytes:
     default = _default_with_pickle if allow_pickle else _default
-    return msgpack.packb(obj, default=default, use_bin_type=True, strict_types=True)
+    try:
+        return msgpack.packb(obj, default=default, use_bin_type=True, strict_types=True)
+    except ValueError as exc:
+        if "recursion limit" in str(exc):
+            raise ValueError(
+                f"cannot encode a value nested deeper than {MAX_DEPTH} levels (msgpack's limit; a tuple, set or "
+                "frozenset counts two levels, a list or dict one)"
+            ) from None
+        raise
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
@@ -73,9 +97,37 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
 
 
+def check_shape(shape: Any) -> list:
+    """``shape`` as a list of ints, or ``ValueError``: at most :data:`MAX_DIMS` non-negative ints.
+
+    For shapes read from another rank's bytes, before anything is sized by them.
+    """
+    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_DIMS:
+        raise ValueError(f"a shape is a list of at most {MAX_DIMS} ints, got {reprlib.repr(shape)}")
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise ValueError(f"a shape holds non-negative ints, got {reprlib.repr(shape)}")
+    return list(shape)
+
+
+def _check_size(what: str, shape: list, itemsize: int, raw: Any) -> None:
+    if not isinstance(raw, bytes):
+        raise ValueError(f"{what} data must be bytes, got {type(raw).__name__}")
+    declared = math.prod(shape) * itemsize
+    if declared != len(raw):
+        raise ValueError(f"{what} declares shape {shape} ({declared} bytes) but carries {len(raw)} bytes")
+
+
 def tensor_from_bytes(name: str, shape: list, raw: bytes, device: Optional[torch.device] = None) -> torch.Tensor:
-    """Inverse of :func:`tensor_bytes`: a new tensor of dtype ``name`` and ``shape`` (on ``device``)."""
+    """Inverse of :func:`tensor_bytes`: a new tensor of dtype ``name`` and ``shape`` (on ``device``).
+
+    Raises ``ValueError`` naming declared and actual sizes unless ``raw``
+    holds exactly the bytes of ``shape`` elements of that dtype, before
+    allocating anything.
+    """
     dtype = torch_dtype(name)
+    shape = check_shape(shape)
+    _check_size(f"a {name} tensor", shape, dtype.itemsize, raw)
     if raw:
         t = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)
     else:
@@ -83,13 +135,12 @@ def tensor_from_bytes(name: str, shape: list, raw: bytes, device: Optional[torch
     return t.to(device) if device is not None else t
 
 
-def _default(obj: Any, allow_pickle: bool = False) -> msgpack.ExtType:
+def _default(obj: Any, allow_pickle: bool = False) -> Any:
     kind = type(obj)
     if kind is tuple:
-        return msgpack.ExtType(_TUPLE, _pack(list(obj), allow_pickle))
+        return {_MARKER_KEYS[_TUPLE]: list(obj)}
     if kind is set or kind is frozenset:
-        code = _SET if kind is set else _FROZENSET
-        return msgpack.ExtType(code, _pack(list(obj), allow_pickle))
+        return {_MARKER_KEYS[_SET if kind is set else _FROZENSET]: list(obj)}
     if kind is complex:
         return msgpack.ExtType(_COMPLEX, _pack([obj.real, obj.imag]))
     if kind is int:  # only reaches here when outside msgpack's 64-bit range
@@ -117,7 +168,7 @@ def _default(obj: Any, allow_pickle: bool = False) -> msgpack.ExtType:
     )
 
 
-def _default_with_pickle(obj: Any) -> msgpack.ExtType:
+def _default_with_pickle(obj: Any) -> Any:
     return _default(obj, allow_pickle=True)
 
 
@@ -126,19 +177,45 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+_DTYPES = {dtype_name(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
 def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype called ``name``; ``ValueError`` when there is none (no code runs)."""
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"payload names an unknown torch dtype {name!r}")
+    """The torch dtype called ``name``; ``ValueError`` when there is none (a table lookup: no code runs)."""
+    dtype = _DTYPES.get(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise ValueError(f"payload names an unknown torch dtype {reprlib.repr(name)}")
     return dtype
 
 
-def _np_dtype(spec: str) -> np.dtype:
+def _np_dtype(spec: Any) -> np.dtype:
+    if not isinstance(spec, str) or len(spec) > 16:  # a plain dtype string ("<f4", "|b1", "<M8[ns]")
+        raise ValueError(f"payload names a malformed NumPy dtype {reprlib.repr(spec)}")
     dtype = np.dtype(spec)
-    if dtype.hasobject:
-        raise ValueError("payload names a NumPy object dtype, which is refused")
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise ValueError(f"payload names a NumPy dtype polydist does not decode: {spec!r}")
     return dtype
+
+
+def _fields(data: bytes, n: int, what: str) -> list:
+    """The ``n``-field list inside an extension: one flat msgpack pass, no extension allowed inside."""
+    fields = msgpack.unpackb(data, ext_hook=_no_ext, raw=False, use_list=True)
+    if not isinstance(fields, list) or len(fields) != n:
+        raise ValueError(f"a {what} extension holds {n} fields, got {reprlib.repr(fields)}")
+    return fields
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"payload nests extension type {code} where none belongs")
+
+
+def _map(pairs: list) -> Any:
+    if len(pairs) == 1 and isinstance(pairs[0][0], _Marker):
+        marker, items = pairs[0]
+        if not isinstance(items, list):
+            raise ValueError("a tuple/set marker must hold a list")
+        return marker.build(items)
+    return dict(pairs)
 
 
 class _Decoder:
@@ -147,40 +224,55 @@ class _Decoder:
         self.allow_pickle = allow_pickle
 
     def unpack(self, data: bytes) -> Any:
-        return msgpack.unpackb(data, ext_hook=self.ext, raw=False, strict_map_key=False, use_list=True)
+        return msgpack.unpackb(
+            data, ext_hook=self.ext, object_pairs_hook=_map, raw=False, strict_map_key=False, use_list=True
+        )
 
     def ext(self, code: int, data: bytes) -> Any:
-        if code == _TUPLE:
-            return tuple(self.unpack(data))
-        if code == _SET:
-            return set(self.unpack(data))
-        if code == _FROZENSET:
-            return frozenset(self.unpack(data))
+        marker = _MARKERS.get(code)
+        if marker is not None:
+            if data:
+                raise ValueError(f"a container marker (extension type {code}) must be empty")
+            return marker
         if code == _COMPLEX:
-            real, imag = self.unpack(data)
+            real, imag = _fields(data, 2, "complex")
+            if type(real) is not float or type(imag) is not float:
+                raise ValueError("a complex extension holds two floats")
             return complex(real, imag)
         if code == _BIGINT:
             return int.from_bytes(data, "little", signed=True)
         if code == _PATH:
-            flavour, text = self.unpack(data)
+            flavour, text = _fields(data, 2, "path")
+            if not isinstance(flavour, str) or not isinstance(text, str):
+                raise ValueError("a path extension holds two strings")
             return pathlib.PureWindowsPath(text) if flavour.startswith("PureWindows") else pathlib.Path(text)
         if code == _TENSOR:
-            name, shape, raw = self.unpack(data)
+            name, shape, raw = _fields(data, 3, "tensor")
+            if not isinstance(name, str):
+                raise ValueError(f"a tensor extension names its dtype with a string, got {reprlib.repr(name)}")
             return tensor_from_bytes(name, shape, raw, self.device)
         if code == _NDARRAY:
-            spec, shape, raw = self.unpack(data)
-            return np.frombuffer(raw, dtype=_np_dtype(spec)).reshape(shape).copy()
+            spec, shape, raw = _fields(data, 3, "array")
+            dtype, shape = _np_dtype(spec), check_shape(shape)
+            _check_size(f"a {spec} array", shape, dtype.itemsize, raw)
+            return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
         if code == _NPSCALAR:
-            spec, raw = self.unpack(data)
-            return np.frombuffer(raw, dtype=_np_dtype(spec))[0]
+            spec, raw = _fields(data, 2, "scalar")
+            dtype = _np_dtype(spec)
+            _check_size(f"a {spec} scalar", [], dtype.itemsize, raw)
+            return np.frombuffer(raw, dtype=dtype)[0]
         if code == _PICKLE:
             if not self.allow_pickle:
-                raise ValueError(
+                raise _Refused(
                     "payload holds a pickled object, which polydist only unpickles with allow_pickle=True "
                     "(or polydist.set_allow_pickle(True)) on the receiving rank, since unpickling can run code"
                 )
             return pickle.loads(data)  # noqa: S301 - explicit opt-in, documented above
         raise ValueError(f"payload holds an unknown extension type code {code}")
+
+
+class _Refused(ValueError):
+    """Pickle refused: passes through :func:`decode` with its own message."""
 
 
 def encode(obj: Any, allow_pickle: Optional[bool] = None) -> bytes:
@@ -195,7 +287,15 @@ def encode(obj: Any, allow_pickle: Optional[bool] = None) -> bytes:
 def decode(data: bytes, device: Optional[torch.device] = None, allow_pickle: Optional[bool] = None) -> Any:
     """Rebuild the value :func:`encode` produced; tensors are moved to ``device`` when given.
 
-    Raises ``ValueError`` on a malformed payload, or on a pickled one without
-    the pickle opt-in; never executes code unless pickle is allowed.
+    Raises ``ValueError`` on a malformed payload (whatever the corruption:
+    bad sizes, types, nesting, truncation, trailing bytes), or on a pickled
+    one without the pickle opt-in; never executes code unless pickle is
+    allowed. See the module docstring for the memory and depth bounds.
     """
-    return _Decoder(device, pickle_allowed(allow_pickle)).unpack(data)
+    try:
+        return _Decoder(device, pickle_allowed(allow_pickle)).unpack(data)
+    except _Refused:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError, RecursionError) as exc:
+        detail = str(exc) if type(exc) is ValueError else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"malformed payload: {detail}") from None

@@ -35,7 +35,7 @@ Slurm is the launcher only when srun started the process: a batch script or
 SLURM_STEP_ID (or a special batch/extern/interactive one); it is one process,
 so serial, with a ``note`` saying why. The master address is the first host of
 the step's node list (task 0 runs there under the block, cyclic and plane
-distributions), expanded without ``scontrol``; the port is :func:`slurm_port`.
+distributions), expanded without ``scontrol`` (:mod:`polydist._slurm`); the port is :func:`slurm_port`.
 MASTER_ADDR and MASTER_PORT, when set, beat anything derived.
 """
 
@@ -44,8 +44,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ._slurm import expand_nodelist, first_host
+from .settings import LAUNCHER
 
 __all__ = ["ProcessInfo", "detect", "expand_nodelist", "slurm_port"]
 
@@ -154,7 +156,7 @@ _TORCH: Spec = {**_spec("", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZ
 
 
 def _elastic(env: Mapping[str, str]) -> Optional[_Claim]:
-    launcher = "polydist" if env.get("POLYDIST_LAUNCHER") else "torchrun"
+    launcher = "polydist" if LAUNCHER.read(env) else "torchrun"
     return _read(env, launcher, _TORCH, job_id=env["TORCHELASTIC_RUN_ID"])
 
 
@@ -205,7 +207,7 @@ def _slurm(env: Mapping[str, str]) -> Optional[_Claim]:
         _apply_task_counts(claim, "SLURM_NTASKS_PER_NODE", uniform)
     nodelist_var = _first(env, ("SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"))
     if nodelist_var is not None:
-        claim.put("master_addr", _first_host(nodelist_var, env[nodelist_var]), nodelist_var)
+        claim.put("master_addr", first_host(nodelist_var, env[nodelist_var]), nodelist_var)
     job_var = _first(env, ("SLURM_JOB_ID", "SLURM_JOBID"))
     if job_var is not None:
         claim.job_id = env[job_var]
@@ -230,62 +232,6 @@ def _apply_task_counts(claim: _Claim, var: str, raw: str) -> None:
     node = claim.values.get("node_rank")
     if isinstance(node, int) and 0 <= node < len(counts):  # out of range: _check names it
         claim.put("local_world_size", counts[node], f"{var}[{node}]")
-
-
-_NODELIST_ITEM = re.compile(r"(?:[^,\[\]]|\[[^\[\]]*\])+")  # one name; its brackets hold ranges and may hold commas
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
-Segment = Union[str, Tuple[Tuple[int, int, int], ...]]  # literal text, or ranges (low, high, zero-padded width)
-
-
-@lru_cache(maxsize=16)
-def _parse_nodelist(nodelist: str, var: Optional[str] = None) -> Tuple[Tuple[Segment, ...], ...]:
-    def bad(why: str) -> ValueError:
-        return ValueError(f"{var + '=' if var else ''}{nodelist!r} is not a Slurm node list: {why}")
-
-    items = _NODELIST_ITEM.findall(nodelist)
-    if not items or ",".join(items) != nodelist:
-        raise bad("empty host name or unbalanced brackets")
-    parsed = []
-    for item in items:
-        segments: List[Segment] = []
-        for i, part in enumerate(re.split(r"\[([^\]]*)\]", item)):  # literal, ranges, literal, ..., literal
-            if i % 2 == 0:
-                segments.append(part)
-                continue
-            matches = [(piece, _RANGE.fullmatch(piece)) for piece in part.split(",")]
-            wrong = next((p for p, m in matches if m is None or int(m[2] or m[1]) < int(m[1])), None)
-            if wrong is not None:
-                raise bad(f"{wrong!r} in {item!r} is not a range LOW or LOW-HIGH with LOW <= HIGH")
-            segments.append(tuple((int(m[1]), int(m[2] or m[1]), len(m[1])) for _, m in matches))  # type: ignore
-        parsed.append(tuple(segments))
-    return tuple(parsed)
-
-
-def _first_host(var: str, nodelist: str) -> str:  # without expanding ranges, however long
-    segments = _parse_nodelist(nodelist, var)[0]
-    return "".join(seg if isinstance(seg, str) else str(seg[0][0]).zfill(seg[0][2]) for seg in segments)
-
-
-def expand_nodelist(nodelist: str) -> List[str]:
-    """Host names of a Slurm node list, in Slurm's order, without calling ``scontrol``.
-
-    ``"node[01-03,07],gpu-a[1-2],login5"`` gives node01, node02, node03,
-    node07, gpu-a1, gpu-a2, login5. Zero padding follows the width of the low
-    bound (``"n[08-10]"``: n08, n09, n10); several bracket groups in one name
-    multiply (``"r[1-2]n[1-2]"``: r1n1, r1n2, r2n1, r2n2), as in Slurm's hostlist.
-
-    Raises:
-        ValueError: an empty name, unbalanced brackets, or a range that is not
-            ``LOW`` or ``LOW-HIGH`` with LOW <= HIGH.
-    """
-    hosts: List[str] = []
-    for segments in _parse_nodelist(nodelist):
-        names = [""]
-        for seg in segments:
-            texts = [seg] if isinstance(seg, str) else [str(n).zfill(w) for lo, hi, w in seg for n in range(lo, hi + 1)]
-            names = [name + text for name in names for text in texts]
-        hosts += names
-    return hosts
 
 
 # ---------------------------------------------------------------- Kubeflow training operator

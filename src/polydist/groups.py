@@ -1,70 +1,99 @@
-"""Process groups: ``new_group`` and the cache of groups built from rank lists.
+"""Process groups: ``new_group``, the ``group`` argument of every collective, and torch's membership rules.
 
 Every collective takes ``group`` as ``None`` (the world), a
-``torch.distributed.ProcessGroup``, or a list of global ranks. A rank list maps
-to one cached group per distinct list, created with
-``use_local_synchronization=True`` so only its members need to take part, and
-named from a hash of its ranks alone — so members agree on it without the
-other ranks' help, whatever other groups each of them made before.
+``torch.distributed.ProcessGroup``, or a list of global ranks. The rules are
+torch.distributed's (PyTorch docs, "Groups"): :func:`new_group` may be called
+by every rank; members get the group, non-members get
+``GroupMember.NON_GROUP_MEMBER``; a collective called with a group this rank
+is not in returns its input unchanged (see
+:mod:`polydist.collectives.pipeline`). A rank list maps to one cached group
+per distinct list, created with ``use_local_synchronization=True`` so only its
+members need to take part, and named from its ranks alone (see
+:func:`polydist._torch.groups_named_by_ranks`) — so members agree on it
+without the other ranks' help, whatever other groups each of them made
+before. Everything cached here belongs to the live world
+(:class:`polydist._state.World`) and goes with it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
+import torch
 import torch.distributed as dist
 
+from . import _torch
+from ._state import World
 from .backends.mpi4py import MPIProcessGroup
-from .context import collective_timeout
+from .context import comm_device, require_group, world
 
-__all__ = ["GroupLike", "Resolved", "resolve", "new_group", "clear_cache", "direct_world"]
+__all__ = ["GroupLike", "Resolved", "resolve", "new_group", "NON_MEMBER"]
 
-GroupLike = Union[None, "dist.ProcessGroup", Sequence[int]]
-
-_cache: dict[tuple[int, ...], "dist.ProcessGroup"] = {}
-_world: Optional[tuple] = None  # (the default ProcessGroup, its Resolved)
+GroupLike = Union[None, "dist.ProcessGroup", Sequence[int], int]
+NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER  # what new_group returns to ranks outside the group (-100)
 
 
-@dataclass(frozen=True)
 class Resolved:
-    """A group as collectives need it."""
+    """A group as collectives need it; one per process group per world, so its sequence number is the group's.
 
-    pg: Optional["dist.ProcessGroup"]  # None means the default (world) group
-    ranks: tuple[int, ...]  # global ranks, in group-rank order
-    rank: int  # this process's global rank
-    # The group itself when it is an MPIProcessGroup: its blocking methods can be
-    # called directly, skipping torch.distributed's dispatch (which costs more than
-    # a small MPI collective).
-    direct: Optional[MPIProcessGroup] = None
+    Attributes:
+        pg: the ProcessGroup (None: the default group).
+        ranks: global ranks, in group-rank order.
+        rank: this process's global rank; ``group_rank`` its rank in the group.
+        size: the number of ranks.
+        backend: the group's backend name ("gloo", "nccl", "mpi4py", ...).
+        device: where the group's byte buffers live (:func:`polydist.context.comm_device`).
+        direct: the group itself when it is an :class:`MPIProcessGroup`, whose
+            blocking methods can be called without torch.distributed's
+            dispatch (which costs more than a small MPI collective).
+        seq: collectives called on this group so far (every member counts
+            the same calls): debug fingerprints and timeout messages number
+            calls with it.
+        key: a short name of the group for store keys.
+    """
 
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
+    __slots__ = ("pg", "ranks", "rank", "size", "group_rank", "backend", "device", "direct", "seq", "key")
 
-    @property
-    def group_rank(self) -> int:
-        """This process's rank inside the group."""
-        return self.ranks.index(self.rank)
+    def __init__(self, pg: Optional["dist.ProcessGroup"], ranks: tuple[int, ...], rank: int) -> None:
+        group = pg if pg is not None else _torch.default_pg()
+        self.pg, self.ranks, self.rank = pg, ranks, rank
+        self.size, self.group_rank = len(ranks), ranks.index(rank)
+        self.backend = str(dist.get_backend(group))
+        self.device: torch.device = comm_device(self.backend)
+        self.direct = group if isinstance(group, MPIProcessGroup) else None
+        self.seq = 0
+        text = "-".join(map(str, ranks))
+        if len(text) > 64:  # a short store key for large groups (a name, not a secret)
+            text = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+        self.key = "world" if pg is None else text
 
-    def check_root(self, root: int, name: str) -> None:
-        """Raise ``ValueError`` unless global rank ``root`` is in the group."""
+    def check_root(self, root: Any, name: str) -> None:
+        """Raise unless ``root`` is the global rank of a member.
+
+        Raises:
+            TypeError: ``root`` is not an int.
+            ValueError: ``root`` is not a rank of the group.
+        """
         if isinstance(root, bool) or not isinstance(root, int):
             raise TypeError(f"{name} must be an int global rank, got {root!r}")
         if root not in self.ranks:
             raise ValueError(f"{name}={root} is not a rank of the group {list(self.ranks)}")
 
+    def __repr__(self) -> str:
+        return f"<group {list(self.ranks)} ({self.backend}), #{self.seq} on rank {self.rank}>"
 
-def _check_ranks(ranks: Sequence[int]) -> tuple[int, ...]:
-    world = dist.get_world_size()
+
+def _check_ranks(ranks: Any, world_size: int) -> tuple[int, ...]:
+    """``ranks`` sorted, or ``TypeError``/``ValueError`` naming the bad rank."""
+    if not isinstance(ranks, (list, tuple, range)):
+        raise TypeError(f"group must be None, a ProcessGroup or a list of ranks, got {type(ranks).__name__}")
     out = []
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, int):
             raise TypeError(f"group ranks must be ints, got {r!r} in {list(ranks)}")
-        if not 0 <= r < world:
-            raise ValueError(f"rank {r} in group {list(ranks)} is outside the world of size {world}")
+        if not 0 <= r < world_size:
+            raise ValueError(f"rank {r} in group {list(ranks)} is outside the world of size {world_size}")
         out.append(r)
     if not out:
         raise ValueError("a group needs at least one rank, got an empty list")
@@ -73,99 +102,99 @@ def _check_ranks(ranks: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def new_group(ranks: Sequence[int], **kwargs) -> "dist.ProcessGroup":
-    """The process group of global ``ranks`` (any order; duplicates rejected).
+def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup", int]:
+    """The process group of global ``ranks`` (any order; duplicates rejected), as ``torch.distributed.new_group``.
 
-    Only the listed ranks need to call it; calling it again with the same
-    ranks returns the same cached group (no new communicator). ``kwargs``
-    (e.g. ``backend``, ``timeout``) go to ``torch.distributed.new_group`` the
-    first time; ``timeout`` defaults to the world's (``initialize(timeout=)``).
-    Raises ``ValueError``/``TypeError`` naming a bad rank, and
-    ``ValueError`` when this process is not one of ``ranks``.
-    """
-    key = _check_ranks(ranks)
-    me = dist.get_rank()
-    if me not in key:
-        raise ValueError(f"rank {me} is not in group {list(key)}; only its members may create or use it")
-    if key not in _cache:
-        if kwargs.get("timeout") is None and collective_timeout() is not None:
-            kwargs["timeout"] = collective_timeout()  # torch would give subgroups its default, not the world's
-        with _name_from_ranks():
-            _cache[key] = dist.new_group(list(key), use_local_synchronization=True, **kwargs)
-    return _cache[key]
+    Every rank may call it, as torch requires; only members must. Members get
+    the group, created once per rank list and world (calling again returns the
+    same group, no new communicator); non-members get
+    ``torch.distributed.GroupMember.NON_GROUP_MEMBER`` at once, without
+    communicating, and a collective they call with it is a no-op that returns
+    its input. ``kwargs`` (e.g. ``backend``, ``timeout``) go to
+    ``torch.distributed.new_group`` the first time; ``timeout`` defaults to
+    the world's (``initialize(timeout=)``), where torch would give the
+    subgroup its own default.
 
-
-@contextlib.contextmanager
-def _name_from_ranks() -> Iterator[None]:
-    """Name the group being created from its ranks alone.
-
-    With ``use_local_synchronization=True``, PyTorch (2.4+) names a group by
-    hashing its ranks *and the number of groups this process already has*, so
-    members that created different numbers of groups before (overlapping
-    rank-list groups used by different ranks) compute different names and
-    wait for each other forever. polydist creates each rank list's group at
-    most once per process, so the ranks alone name it uniquely.
-    """
-    c10d = dist.distributed_c10d
-    original = getattr(c10d, "_hash_ranks_to_str", None)
-    if original is None:  # older PyTorch: the name already depends on the ranks only
-        yield
-        return
-    c10d._hash_ranks_to_str = lambda ranks: hashlib.sha1(
-        ("polydist_" + "_".join(map(str, ranks))).encode(), usedforsecurity=False
-    ).hexdigest()
-    try:
-        yield
-    finally:
-        c10d._hash_ranks_to_str = original
-
-
-def resolve(group: GroupLike) -> Resolved:
-    """Turn a ``group`` argument into a :class:`Resolved` (requires a live default group).
+    Examples:
+        >>> group = pdist.new_group([0, 1])              # on every rank of 4
+        >>> t = torch.ones(1)
+        >>> pdist.all_reduce(t, group=group)             # ranks 0, 1: tensor([2.]); ranks 2, 3: tensor([1.])
 
     Raises:
-        TypeError: ``group`` is neither None, a ProcessGroup nor a rank list.
-        ValueError: a bad rank in the list, or this process is not a member.
+        TypeError: a rank that is not an int.
+        ValueError: a rank outside the world, a repeated rank, an empty list.
+        NotInitializedError: launched but no process group yet; a serial run
+            (no group) gets ``None`` back, the world.
+
+    Source: ``torch.distributed.new_group`` (PyTorch docs, "Groups").
     """
-    global _world
-    if group is None or group is dist.GroupMember.WORLD:
-        world = dist.GroupMember.WORLD
-        if _world is None or _world[0] is not world:  # every collective asks: build it once per world
-            ranks = tuple(range(dist.get_world_size()))
-            _world = (world, Resolved(None, ranks, dist.get_rank(), _direct(world)))
-        return _world[1]
-    me = dist.get_rank()
-    if group is dist.GroupMember.NON_GROUP_MEMBER:
-        raise ValueError(f"rank {me} is not a member of this process group")
-    if isinstance(group, dist.ProcessGroup):
-        ranks = tuple(dist.get_process_group_ranks(group))
-        if me not in ranks:
-            raise ValueError(f"rank {me} is not in the process group of ranks {list(ranks)}")
-        return Resolved(group, ranks, me, _direct(group))
-    if isinstance(group, (list, tuple, range)):
-        pg = new_group(group)
-        return Resolved(pg, _check_ranks(group), me, _direct(pg))
-    raise TypeError(f"group must be None, a ProcessGroup or a list of ranks, got {type(group).__name__}")
+    state = world()
+    if state is None:
+        require_group()  # raises in a launched job without a group
+        _check_ranks(ranks, 1)
+        return None  # type: ignore[return-value]  # serial: the only group is the world
+    key = _check_ranks(ranks, state.size)
+    if state.rank not in key:
+        return NON_MEMBER
+    return _group_of(state, key, kwargs)
 
 
-def direct_world() -> Optional[MPIProcessGroup]:
-    """The world group, when it is an MPIProcessGroup that :func:`resolve` already saw; else None.
+def _group_of(state: World, key: tuple[int, ...], kwargs: dict) -> "dist.ProcessGroup":
+    pg = state.groups.get(key)
+    if pg is None:
+        if kwargs.get("timeout") is None and state.timeout is not None:
+            kwargs["timeout"] = state.timeout
+        with _torch.groups_named_by_ranks():
+            pg = state.groups[key] = dist.new_group(list(key), use_local_synchronization=True, **kwargs)
+    return pg
 
-    The hot path of small collectives on MPI, where a microsecond counts:
-    no rank checks, since the world group has every rank.
+
+def resolve(state: World, group: GroupLike) -> Optional[Resolved]:
+    """Turn a ``group`` argument into its :class:`Resolved`; None when this rank is not a member.
+
+    Cached per world: every collective asks, so a group seen before costs one
+    dict lookup (a rank list: its tuple).
+
+    Raises:
+        TypeError: ``group`` is neither None, a ProcessGroup, a rank list nor
+            ``NON_GROUP_MEMBER``; a rank that is not an int.
+        ValueError: a rank outside the world, repeated, or an empty list.
     """
-    world = _world
-    if world is not None and world[1].direct is not None and world[0] is dist.GroupMember.WORLD:
-        return world[1].direct
-    return None
+    if group is None or group is state.pg:
+        key: Any = None
+    elif isinstance(group, dist.ProcessGroup):
+        key = group
+    elif isinstance(group, (list, tuple, range)):
+        key = tuple(group)
+    elif group == NON_MEMBER and not isinstance(group, bool):
+        return None
+    else:
+        raise TypeError(f"group must be None, a ProcessGroup or a list of ranks, got {type(group).__name__}")
+    try:
+        found = state.resolved.get(key, state)  # the state itself: "not seen yet" (None means "not a member")
+    except TypeError:  # an unhashable item in a rank list
+        _check_ranks(group, state.size)
+        raise
+    if found is not state:
+        return found
+    res = state.resolved[key] = _make(state, key)
+    if key is None:
+        state.world_group = res  # the collectives' fast path for group=None
+    return res
 
 
-def _direct(pg: "dist.ProcessGroup") -> Optional[MPIProcessGroup]:
-    return pg if isinstance(pg, MPIProcessGroup) else None
-
-
-def clear_cache() -> None:
-    """Forget cached rank-list groups (their communicators die with the default group)."""
-    global _world
-    _cache.clear()
-    _world = None
+def _make(state: World, key: Any) -> Optional[Resolved]:
+    if key is None:
+        return Resolved(None, tuple(range(state.size)), state.rank)
+    if isinstance(key, tuple):
+        ranks = _check_ranks(key, state.size)
+        if state.rank not in ranks:
+            return None
+        pg = _group_of(state, ranks, {})
+        res = state.resolved.get(pg) or Resolved(pg, ranks, state.rank)
+        state.resolved[pg] = res  # the same group passed as an object shares the sequence number
+        return res
+    ranks = tuple(dist.get_process_group_ranks(key))
+    if state.rank not in ranks:
+        return None
+    return Resolved(key, ranks, state.rank)

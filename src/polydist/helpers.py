@@ -10,9 +10,9 @@ import contextlib
 import functools
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
-from .collectives import barrier
+from .collectives.broadcast import barrier
+from .collectives.gather import all_gather
 from .context import get_local_rank, get_node_rank, get_rank, get_world_size, require_group
-from .gathering import all_gather
 
 __all__ = ["one_rank_only", "one_rank_first"]
 
@@ -119,7 +119,7 @@ def one_rank_first(rank: int = 0, local: bool = False) -> Iterator[None]:
     """
     _check_rank_type(rank)
     world = get_world_size()
-    if not require_group() or world == 1:
+    if require_group() is None or world == 1:
         _check_in_world(rank, world)
         yield
         return

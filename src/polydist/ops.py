@@ -7,7 +7,7 @@ from typing import Union
 import torch
 import torch.distributed as dist
 
-__all__ = ["OpLike", "resolve_op", "to_reduce_op", "check_op_dtype"]
+__all__ = ["OpLike", "resolve_op", "to_reduce_op", "check_op_dtype", "op_for"]
 
 OpLike = Union[str, "dist.ReduceOp", "dist.ReduceOp.RedOpType"]
 
@@ -43,6 +43,7 @@ _CANONICAL = {
 # (op, dtype) pairs already accepted, so the hot path is one dict lookup each.
 _SEEN: dict[str, str] = {}
 _ACCEPTED: set[tuple[str, torch.dtype]] = set()
+_CHECKED: dict[tuple, str] = {}  # (op as passed, dtype) -> canonical name, already checked
 
 
 def resolve_op(op: OpLike) -> str:
@@ -69,6 +70,24 @@ def resolve_op(op: OpLike) -> str:
         if red_type == known:
             return name
     raise ValueError(f"unsupported reduce op {op!r}")
+
+
+def op_for(op: OpLike, dtype: torch.dtype) -> str:
+    """:func:`resolve_op` and :func:`check_op_dtype` in one: the canonical name of ``op`` on ``dtype``.
+
+    Raises what they raise. Every tensor reduction calls it, so the answer
+    for an (op, dtype) pair seen before is one dict lookup.
+    """
+    try:
+        return _CHECKED[op, dtype]
+    except (KeyError, TypeError):  # not seen yet, or an op object that cannot be a key
+        name = resolve_op(op)
+        check_op_dtype(name, dtype)
+        try:
+            _CHECKED[op, dtype] = name
+        except TypeError:
+            pass
+        return name
 
 
 def to_reduce_op(name: str) -> dist.ReduceOp:

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from .collectives import broadcast
+from .collectives.broadcast import broadcast
 from .context import device, get_nproc_per_node, get_rank, get_world_size, require_group
 
 __all__ = ["auto_model", "auto_optim", "auto_dataloader", "DistributedProxySampler"]
@@ -35,7 +35,7 @@ def _distributed() -> bool:
     Raises NotInitializedError when a launcher started several processes but
     no group exists (serial results would silently be wrong).
     """
-    return require_group() and get_world_size() > 1
+    return require_group() is not None and get_world_size() > 1
 
 
 def _sync_bn_supported(dev: torch.device) -> bool:
@@ -325,7 +325,7 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
     rank instead of W times the intended global batch; persistent workers only
     with workers (idist sets them always, which DataLoader rejects with 0).
     """
-    world = get_world_size() if require_group() else 1
+    world = get_world_size() if require_group() is not None else 1
     rank = get_rank()
     if world > 1:
         if kwargs.get("batch_size") is not None and "batch_sampler" not in kwargs:

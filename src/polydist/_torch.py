@@ -1,0 +1,174 @@
+"""Every private or version-dependent ``torch.distributed`` API polydist touches, in one place.
+
+polydist goes through the public ``torch.distributed`` API wherever one
+exists. The few places where none does are here, so that a PyTorch upgrade
+that moves them breaks this module only, and each use says why it is needed.
+Supported: PyTorch >= 2.2 (tested on 2.13).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import socket
+from datetime import timedelta
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "all_gather_single",
+    "reduce_scatter_single",
+    "default_pg",
+    "default_store",
+    "can_set_timeout",
+    "set_default_timeout",
+    "group_timeout",
+    "groups_named_by_ranks",
+    "WorkBase",
+    "StoreError",
+    "launch_config",
+]
+
+_c10d = dist.distributed_c10d
+
+# PyTorch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single and deprecated the old names.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+# The base class of work handles a Python ProcessGroup returns (the mpi4py backend's).
+WorkBase = dist._Work
+
+# Errors of a store wait (e.g. while creating a group): not a collective's timeout. Missing before 2.4.
+StoreError: tuple = tuple(t for t in (getattr(dist, "DistStoreError", None),) if t is not None)
+
+
+def default_pg() -> Optional["dist.ProcessGroup"]:
+    """The default (world) process group, or None: ``GroupMember.WORLD`` without its two properties.
+
+    Every collective asks, to see whether the world polydist knows is still
+    the live one; this is the cheapest way to read it (the attribute behind
+    ``_World.default_pg``, where this PyTorch has it).
+    """
+    world = _c10d._world
+    return world._default_pg if _DIRECT_DEFAULT_PG else world.default_pg
+
+
+_DIRECT_DEFAULT_PG = hasattr(_c10d._world, "_default_pg")
+
+
+def default_store() -> "dist.Store":
+    """The rendezvous store of the default group (it outlives a stuck collective; timeouts meet there)."""
+    return _c10d._get_default_store()
+
+
+def can_set_timeout(backend: str) -> bool:
+    """Whether the default group's timeout can be changed after creation (gloo and nccl, PyTorch >= 2.3)."""
+    return backend in ("gloo", "nccl") and hasattr(_c10d, "_set_pg_timeout")
+
+
+def set_default_timeout(timeout: timedelta) -> None:
+    """Set the collective timeout of the default group (joining used a longer one)."""
+    _c10d._set_pg_timeout(timeout)
+
+
+def group_timeout(pg: Optional["dist.ProcessGroup"]) -> Optional[float]:
+    """The timeout, in seconds, that ``pg``'s CPU backend was created with (None: unknown)."""
+    try:
+        pg = pg if pg is not None else _c10d._get_default_group()
+        return pg._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    except Exception:  # a backend without options (e.g. a Python ProcessGroup): say nothing rather than guess
+        return None
+
+
+def launch_config(**kwargs: Any) -> Any:
+    """``torch.distributed.launcher.api.LaunchConfig(**kwargs)``, without the fields this PyTorch lacks.
+
+    ``shutdown_timeout`` (the SIGTERM-to-SIGKILL grace for the survivors of a
+    failed job) is newer than PyTorch 2.11: older agents keep their own
+    default (30 s), so a failed job there ends more slowly, not wrongly.
+    """
+    from torch.distributed.launcher.api import LaunchConfig  # the elastic agent: only launchers need it
+
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return LaunchConfig(**{k: v for k, v in kwargs.items() if k in known})
+
+
+@contextlib.contextmanager
+def groups_named_by_ranks() -> Iterator[None]:
+    """Name the groups created inside the block from their ranks alone.
+
+    With ``use_local_synchronization=True``, PyTorch (2.4+) names a group by
+    hashing its ranks *and the number of groups this process already has*, so
+    members that created different numbers of groups before (overlapping
+    rank-list groups used by different ranks) compute different names and
+    wait for each other forever. polydist creates each rank list's group at
+    most once per world, so the ranks alone name it uniquely.
+    """
+    original = getattr(_c10d, "_hash_ranks_to_str", None)
+    if original is None:  # older PyTorch: the name already depends on the ranks only
+        yield
+        return
+    _c10d._hash_ranks_to_str = lambda ranks: hashlib.sha1(
+        ("polydist_" + "_".join(map(str, ranks))).encode(), usedforsecurity=False
+    ).hexdigest()
+    try:
+        yield
+    finally:
+        _c10d._hash_ranks_to_str = original
+
+
+def loopback_store_server(world_size: Optional[int], timeout: timedelta, port: int = 0) -> "dist.TCPStore":
+    """A master ``TCPStore`` that listens on 127.0.0.1 only (on ``port``; 0: a free one).
+
+    ``TCPStore(..., is_master=True)`` listens on every interface whatever host
+    it is given; a single-host job needs loopback only, so the listening
+    socket is made here and handed over with ``master_listen_fd`` (the store
+    owns it from then on).
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(max(128, world_size or 0))
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(
+        "127.0.0.1", port, world_size, is_master=True, timeout=timeout, wait_for_workers=False,
+        master_listen_fd=sock.detach(),
+    )
+
+
+LOOPBACK_RENDEZVOUS = "polydist-loopback"
+
+
+def _loopback_rendezvous(params: Any) -> Any:
+    """torch elastic's c10d rendezvous (its dynamic handler and backend) over stores that listen on loopback only.
+
+    Two listeners are replaced: the rendezvous store (torch's c10d backend
+    binds every interface) and the store the agent shares with its workers
+    (``_create_tcp_store_server``, likewise).
+    """
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    class Backend(C10dRendezvousBackend):
+        name = LOOPBACK_RENDEZVOUS  # torch checks the handler's backend name against the requested one
+
+    port = int(params.endpoint.rsplit(":", 1)[1])
+    store = loopback_store_server(None, timedelta(seconds=60), port)  # 60 s: the c10d backend's read timeout
+    handler = create_handler(store, Backend(store, params.run_id), params)
+    handler._create_tcp_store_server = lambda addr, port: loopback_store_server(None, timedelta(minutes=5), port)
+    return handler
+
+
+def register_loopback_rendezvous() -> str:
+    """Register :func:`_loopback_rendezvous` with torch elastic (once) and return its name."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(LOOPBACK_RENDEZVOUS, _loopback_rendezvous)  # the same creator again: a no-op
+    return LOOPBACK_RENDEZVOUS

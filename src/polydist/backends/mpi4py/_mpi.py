@@ -1,0 +1,314 @@
+"""mpi4py on demand, and what the MPI process group is built from (internal).
+
+MPI datatypes and ops for torch dtypes and reduce ops, tensors as MPI buffers
+by address, and the work handles the group returns. ``mpi4py.MPI`` is
+imported on the first call of :func:`mpi` only, because importing it
+initializes MPI.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch.futures import Future
+
+from ..._torch import WorkBase
+from ...ops import check_op_dtype, resolve_op
+
+BACKEND_NAME = "mpi4py"
+
+MPI: Any = None  # the mpi4py.MPI module, once imported
+REDUCE_TYPES: dict = {}  # torch dtype -> MPI datatype for reductions
+_OPS: dict = {}  # canonical op name -> MPI.Op (numeric dtypes)
+_BOOL_OPS: dict = {}  # canonical op name -> MPI.Op (bool: logical ops)
+PLANS: dict = {}  # (dtype, op name) -> (MPI datatype, MPI.Op, divide for AVG), filled on first use
+
+
+def available() -> bool:
+    """True when mpi4py is installed (checked without importing it, so without starting MPI)."""
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+def mpi() -> Any:
+    """The ``mpi4py.MPI`` module, imported (and MPI initialized) on first call."""
+    global MPI
+    if MPI is None:
+        from mpi4py import MPI as module
+
+        REDUCE_TYPES.update(
+            {
+                torch.float32: module.FLOAT,
+                torch.float64: module.DOUBLE,
+                torch.int8: module.INT8_T,
+                torch.uint8: module.UINT8_T,
+                torch.int16: module.INT16_T,
+                torch.uint16: module.UINT16_T,
+                torch.int32: module.INT32_T,
+                torch.uint32: module.UINT32_T,
+                torch.int64: module.INT64_T,
+                torch.uint64: module.UINT64_T,
+                torch.bool: module.C_BOOL,
+                torch.complex64: module.C_FLOAT_COMPLEX,
+                torch.complex128: module.C_DOUBLE_COMPLEX,
+            }
+        )
+        _OPS.update(
+            SUM=module.SUM, AVG=module.SUM, PRODUCT=module.PROD, MIN=module.MIN, MAX=module.MAX, AND=module.BAND, OR=module.BOR, XOR=module.BXOR
+        )
+        # MPI allows only logical ops on C_BOOL; these match torch's bool results.
+        _BOOL_OPS.update(
+            SUM=module.LOR, MAX=module.LOR, OR=module.LOR, PRODUCT=module.LAND, MIN=module.LAND, AND=module.LAND, XOR=module.LXOR
+        )
+        atexit.register(_progress.stop)  # runs before mpi4py's MPI_Finalize
+        MPI = module
+    return MPI
+
+
+# ---------------------------------------------------------------- buffers
+
+
+def check_cpu(t: torch.Tensor) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"the {BACKEND_NAME} backend moves CPU tensors only, got a tensor on {t.device}; "
+            "use nccl for CUDA tensors or copy to the CPU"
+        )
+
+
+def raw(t: torch.Tensor) -> list:
+    """``t``'s memory as an MPI byte buffer (``t`` must be contiguous and on the CPU)."""
+    return [MPI.buffer.fromaddress(t.data_ptr(), t.nbytes), MPI.BYTE]
+
+
+def typed(t: torch.Tensor) -> list:
+    """``t``'s memory as a typed MPI buffer, for reductions."""
+    return [MPI.buffer.fromaddress(t.data_ptr(), t.nbytes), REDUCE_TYPES[t.dtype]]
+
+
+_BUFFERS: dict = {}  # (address, bytes, torch dtype) -> buffer spec; see cached_buffer
+
+
+def cached_buffer(t: torch.Tensor, datatype: Any) -> list:
+    """``[buffer, datatype]`` for contiguous CPU ``t``, reused across calls on the same memory.
+
+    Making the buffer object costs about as much as a small MPI call, and
+    training loops reduce the same tensors again and again. A cached spec is
+    used only for a tensor at the very same address and size, so the memory
+    it names belongs to that tensor. Bounded: cleared past 256 entries.
+    """
+    key = (t.data_ptr(), t.nbytes, t.dtype)
+    spec = _BUFFERS.get(key)
+    if spec is None:
+        if len(_BUFFERS) >= 256:
+            _BUFFERS.clear()
+        spec = _BUFFERS[key] = [MPI.buffer.fromaddress(key[0], key[1]), datatype]
+    return spec
+
+
+class Contiguous:
+    """``with Contiguous(t) as c``: a contiguous CPU tensor to hand to MPI, copied back into ``t`` on exit.
+
+    Contiguous tensors are used as they are; others go through a copy, like
+    gloo does for non-contiguous inputs it accepts.
+    """
+
+    __slots__ = ("t", "c", "write_back")
+
+    def __init__(self, t: torch.Tensor, write_back: bool = True) -> None:
+        check_cpu(t)
+        self.t, self.write_back = t, write_back
+        self.c = t if t.is_contiguous() else t.contiguous()
+
+    def __enter__(self) -> torch.Tensor:
+        return self.c
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.write_back and self.c is not self.t and exc[0] is None:
+            self.t.copy_(self.c)
+
+
+def reduce_setup(t: torch.Tensor, op: Any) -> tuple[str, Any, Optional[torch.dtype]]:
+    """(op name, MPI op, wide dtype or None) for reducing ``t``; errors name the bad op or dtype."""
+    name = resolve_op(op)
+    check_op_dtype(name, t.dtype)  # the one op x dtype table, polydist's collectives use it too
+    if t.dtype == torch.bool:
+        return name, _BOOL_OPS[name], None
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return name, _OPS[name], torch.float32
+    if t.dtype not in REDUCE_TYPES:
+        raise TypeError(f"the {BACKEND_NAME} backend cannot reduce dtype {t.dtype}")
+    return name, _OPS[name], None
+
+
+# ---------------------------------------------------------------- work
+
+
+class _Progress:
+    """A daemon thread that tests pending MPI requests and completes their futures.
+
+    It only runs while some future of a point-to-point operation is pending
+    and was handed out by ``get_future()``; ``wait()`` does not need it.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: list = []  # [(request, future, result)]
+        self._thread: Optional[threading.Thread] = None
+        self._stopped = False
+
+    def add(self, request: Any, future: Future, result: Any) -> None:
+        with self._cond:
+            self._pending.append((request, future, result))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="polydist-mpi-progress", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                pending, self._pending = self._pending, []
+            still = []
+            for request, future, result in pending:
+                if request.Test():
+                    if not future.done():
+                        future.set_result(result)
+                else:
+                    still.append((request, future, result))
+            if still:
+                with self._cond:
+                    self._pending.extend(still)
+                time.sleep(1e-4)  # poll politely: the rank's compute thread shares the core
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+
+_progress = _Progress()
+
+
+class Work(WorkBase):
+    """Work of one operation: complete already (collectives) or an MPI request (point-to-point)."""
+
+    def __init__(self, result: Any, request: Any = None, source: Optional[Callable[[], int]] = None) -> None:
+        super().__init__()
+        self._result = result
+        self._request = request  # None: complete
+        self._source = source
+        self._future: Optional[Future] = None
+        self._keep: Any = None
+
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:
+        request = self._request
+        if request is not None:
+            if timeout is None or timeout == timedelta(0):
+                request.Wait()
+            else:
+                _wait_until(request, timeout)
+            self._request = None
+            if self._future is not None and not self._future.done():
+                self._future.set_result(self._result)
+        return True
+
+    def is_completed(self) -> bool:
+        if self._request is not None and self._request.Test():
+            self._request = None
+        return self._request is None
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+    def get_future(self) -> Future:
+        if self._future is None:
+            self._future = Future()
+            if self.is_completed():
+                self._future.set_result(self._result)
+            else:
+                _progress.add(self._request, self._future, self._result)
+        return self._future
+
+    def _source_rank(self) -> int:
+        if self._source is None:
+            raise RuntimeError("_source_rank() is defined for recv from any source only")
+        self.wait()
+        return self._source()
+
+    def result(self) -> Any:
+        return self._result
+
+
+def _wait_until(request: Any, timeout: timedelta) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout.total_seconds()
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{BACKEND_NAME}: operation timed out after {timeout}")
+        time.sleep(1e-4)
+
+
+def opt(opts: Any, name: str, default: Any) -> Any:
+    return default if opts is None else getattr(opts, name, default)
+
+
+# ---------------------------------------------------------------- the process group
+
+
+class StatusRequest:
+    """An MPI request whose completion status is kept (for recv from any source)."""
+
+    __slots__ = ("request", "status")
+
+    def __init__(self, request: Any, status: Any) -> None:
+        self.request, self.status = request, status
+
+    def Wait(self) -> None:  # noqa: N802 - mirrors mpi4py
+        self.request.Wait(self.status)
+
+    def Test(self) -> bool:  # noqa: N802
+        return self.request.Test(self.status)
+
+
+def unflatten(flat: torch.Tensor, outs: list, by_bytes: bool = False) -> None:
+    """Copy consecutive pieces of ``flat`` into ``outs`` (a byte view when ``by_bytes``)."""
+    offset = 0
+    for o in outs:
+        n = o.nbytes if by_bytes else o.numel()
+        piece = flat[offset : offset + n]
+        o.copy_(piece.view(o.dtype).view(o.shape) if by_bytes else piece.view(o.shape))
+        offset += n
+
+
+def byte_counts(t: torch.Tensor, splits: Sequence[int], size: int, what: str) -> list[int]:
+    """Per-rank byte counts of ``t`` split along dim 0 by ``splits`` (equal when empty)."""
+    rows = t.shape[0] if t.dim() else 1
+    row_bytes = t.nbytes // rows if rows else 0
+    if not splits:
+        if rows % size:
+            raise ValueError(f"all_to_all_single: {what} dim 0 ({rows}) is not divisible by the group size {size}")
+        splits = [rows // size] * size
+    if len(splits) != size or sum(splits) != rows:
+        raise ValueError(f"all_to_all_single: {what} split sizes {list(splits)} do not split dim 0 ({rows}) into {size}")
+    return [s * row_bytes for s in splits]
+
+
+def counted(t: torch.Tensor, counts: list[int]) -> list:
+    displacements, offset = [], 0
+    for c in counts:
+        displacements.append(offset)
+        offset += c
+    return [MPI.buffer.fromaddress(t.data_ptr(), t.nbytes), (counts, displacements), MPI.BYTE]
+
+

@@ -1,0 +1,204 @@
+"""Data-moving collectives of any shape: all_gather and gather (scatter and all_to_all: :mod:`~polydist.collectives.scatter`).
+
+Ranks may hold tensors of different shapes, or Python frames. Sizes travel in
+one small metadata round (the slots of :mod:`polydist.collectives.frames`), so
+callers never pass shapes; the data then moves in one ``torch.distributed``
+call — directly when every shape agrees, padded to the largest otherwise
+(all_to_all moves exact sizes with split sizes). Errors found on one rank
+(a wrong list length, an unsupported value) ride in the metadata round, so
+every rank raises the same exception type and none is left waiting.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import codec
+from . import frames
+from .layout import Layout, as_bytes, offsets_of, read_meta, tensor_meta
+from .pipeline import Collective, done, finish
+from .._torch import all_gather_single
+from ..groups import GroupLike, Resolved
+from .debug import describe_tensor
+
+__all__ = ["all_gather", "gather"]
+
+def _ranks(res: Resolved, items: list) -> str:
+    return ", ".join(f"rank {r}: {item}" for r, item in zip(res.ranks, items))
+
+
+def _exchange_layout(x: torch.Tensor, res: Resolved, name: str, concat: bool) -> Layout:
+    """All-gather every rank's dtype and shape; ``ValueError`` on every rank when they cannot combine."""
+    limit = frames.inline_size(frames.slot_size(res.size))
+    received = frames.all_gather_bytes(tensor_meta(x, [], limit)[0], res, name)
+    rows = [read_meta(b, r, name) for b, r in zip(received, res.ranks)]
+    dtypes, shapes = [r[0] for r in rows], [tuple(r[1]) for r in rows]
+    if len(set(dtypes)) > 1:
+        raise ValueError(f"{name} needs one dtype on every rank, got {_ranks(res, dtypes)}")
+    if concat:
+        shapes = [s if s else (1,) for s in shapes]
+        if len({s[1:] for s in shapes}) > 1:
+            raise ValueError(
+                f"{name}(concat=True) needs the same trailing dims on every rank "
+                f"(only dim 0 may differ), got {_ranks(res, shapes)}; pass concat=False for a list"
+            )
+    return Layout(dtypes[0], shapes, [r[2] for r in rows])
+
+
+def _serial_gather(x: Any, concat: bool, allow_pickle: Optional[bool]) -> Any:
+    if not isinstance(x, torch.Tensor):
+        return [codec.decode(codec.encode(x, allow_pickle), allow_pickle=allow_pickle)]  # as a real gather
+    if concat:
+        return x.reshape(1) if x.dim() == 0 else x
+    return [x]
+
+
+def _debug_kind(x: Any) -> str:
+    return describe_tensor(x.dtype, x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+# ---------------------------------------------------------------- all_gather
+
+
+def all_gather(
+    tensor: Any, group: GroupLike = None, *, concat: bool = True, async_op: bool = False, allow_pickle: Optional[bool] = None
+) -> Any:
+    """Gather ``tensor`` from every rank of the group onto every rank.
+
+    Args:
+        tensor: a tensor — shapes may differ between ranks (callers never pass
+            shapes), dtypes must agree — or any value the codec takes.
+        group: None (world), a ProcessGroup, or a list of global ranks.
+        concat: for tensors. True: concatenate along dim 0 (a 0-dim tensor
+            counts as shape ``(1,)``), so dim 0 may differ per rank but
+            trailing dims must agree. False: return the list of per-rank
+            tensors, any shapes.
+        async_op: return a :class:`~polydist.Work` whose ``wait()`` returns
+            the result (the metadata round runs before returning).
+        allow_pickle: pickle values the safe codec does not support (and
+            accept pickled values) for this call; None follows
+            :func:`~polydist.set_allow_pickle`. Unpickling can run code.
+
+    Returns:
+        A new tensor (concat) or list of tensors, on ``tensor``'s device, in group
+        rank order; for a value, the list of every rank's value (decoded on
+        this rank, tensors on its ``device()``). Serial: ``tensor`` (as 1-d when
+        0-dim), ``[tensor]``, or ``[value]``.
+
+    Dtypes by backend: any dtype on gloo and ``mpi4py`` (CPU tensors): tensors
+    travel as their bytes, so also dtypes gloo cannot carry itself (int16,
+    uint16/32/64, float8, complex); nccl CUDA tensors.
+
+    Examples:
+        On 2 ranks (``import polydist as pdist``)::
+
+            t = torch.arange(pdist.get_rank() + 1)        # rank 0: [0]; rank 1: [0, 1]
+            pdist.all_gather(t)                           # every rank: tensor([0, 0, 1])
+            pdist.all_gather(t, concat=False)             # every rank: [tensor([0]), tensor([0, 1])]
+            pdist.all_gather(f"rank{pdist.get_rank()}")   # every rank: ['rank0', 'rank1']
+
+    Raises:
+        ValueError: on every rank, when dtypes differ, or with ``concat=True``
+            when trailing dims differ — naming each rank's shape or dtype.
+        TypeError: on every rank, when a rank's value cannot be encoded (the
+            value itself is never sent).
+
+    Source: ``torch.distributed.all_gather`` / ``all_gather_into_tensor``;
+    idist ``all_gather`` (which aborts on uneven shapes; this does not).
+    """
+    return _ALL_GATHER.run(group, None, async_op, tensor, concat, allow_pickle)
+
+
+def _all_gather_fingerprint(x: Any, concat: bool, allow_pickle: Optional[bool]) -> tuple:
+    return (isinstance(x, torch.Tensor), concat), f"all_gather({_debug_kind(x)}, concat={concat})"
+
+
+def _all_gather_body(res: Resolved, x: Any, concat: bool, allow_pickle: Optional[bool], async_op: bool) -> Any:
+    if not isinstance(x, torch.Tensor):
+        rows = frames.all_gather_bytes(frames.encode(x, allow_pickle), res)
+        return done(frames.decode_all(rows, res, "all_gather", allow_pickle), async_op)
+    layout = _exchange_layout(x, res, "all_gather", concat)
+    if layout.inline:
+        return done(layout.from_inline(x.device, concat), async_op)
+    if layout.even:
+        out = torch.empty(res.size * layout.width, dtype=torch.uint8, device=x.device)
+        work = all_gather_single(out, layout.flat(x), group=res.pg, async_op=async_op)
+        return finish(lambda: layout.split(out, concat), [work], async_op)
+    # Uneven: each rank broadcasts its piece straight into its place in the result — no padding, no
+    # concatenation afterwards (torch's uneven all_gather on NCCL works the same way).
+    out = torch.empty(sum(layout.nbytes), dtype=torch.uint8, device=x.device)
+    offsets = offsets_of(layout.nbytes)
+    me = res.group_rank
+    out[offsets[me] : offsets[me] + layout.nbytes[me]].copy_(as_bytes(x))
+    works = [
+        dist.broadcast(out[o : o + n], src, group=res.pg, async_op=True)
+        for src, o, n in zip(res.ranks, offsets, layout.nbytes)
+        if n
+    ]
+    return finish(lambda: layout.packed(out, concat), works, async_op)
+
+
+_ALL_GATHER = Collective("all_gather", _all_gather_body, _serial_gather, _all_gather_fingerprint)
+
+
+# ---------------------------------------------------------------- gather
+
+
+def gather(
+    tensor: Any, dst: int = 0, group: GroupLike = None, *, concat: bool = True, async_op: bool = False,
+    allow_pickle: Optional[bool] = None,
+) -> Any:  # fmt: skip
+    """Gather ``tensor`` from every rank of the group onto global rank ``dst``.
+
+    Args and shapes as for :func:`all_gather` (``allow_pickle`` too);
+    ``dst`` is the global rank that receives.
+
+    Returns:
+        On ``dst``: what :func:`all_gather` returns there. Elsewhere: None.
+
+    Dtypes by backend: as for :func:`all_gather` (any dtype; nccl CUDA tensors).
+
+    Examples:
+        On 2 ranks (``import polydist as pdist``)::
+
+            t = torch.arange(pdist.get_rank() + 1)        # rank 0: [0]; rank 1: [0, 1]
+            pdist.gather(t, dst=0)                        # rank 0: tensor([0, 0, 1]); rank 1: None
+            pdist.gather(10 * pdist.get_rank(), dst=1)    # rank 0: None; rank 1: [0, 10]
+
+    Raises:
+        ValueError: ``dst`` not in the group (on the rank that passed it,
+            before communication); dtypes or trailing dims that cannot be
+            combined (on every rank).
+        TypeError: ``dst`` not an int; a value that cannot be encoded (on
+            every rank).
+
+    Source: ``torch.distributed.gather`` (which needs equal shapes on gloo).
+    """
+    return _GATHER.run(group, dst, async_op, tensor, concat, allow_pickle, dst)
+
+
+def _gather_fingerprint(x: Any, concat: bool, allow_pickle: Optional[bool], dst: int) -> tuple:
+    return (dst, isinstance(x, torch.Tensor), concat), f"gather({_debug_kind(x)}, dst={dst}, concat={concat})"
+
+
+def _gather_body(res: Resolved, x: Any, concat: bool, allow_pickle: Optional[bool], dst: int, async_op: bool) -> Any:
+    here = res.rank == dst
+    if not isinstance(x, torch.Tensor):
+        rows = frames.gather_bytes(frames.encode(x, allow_pickle), dst, res)
+        return done(frames.decode_all(rows, res, "gather", allow_pickle) if here else None, async_op)
+    layout = _exchange_layout(x, res, "gather", concat)
+    if layout.inline:
+        return done(layout.from_inline(x.device, concat) if here else None, async_op)
+    out = torch.empty(res.size * layout.width, dtype=torch.uint8, device=x.device) if here else None
+    outs = list(out.chunk(res.size)) if here else None
+    work = dist.gather(layout.flat(x), outs, dst=dst, group=res.pg, async_op=async_op)
+    return finish(lambda: layout.split(out, concat) if here else None, [work], async_op)
+
+
+_GATHER = Collective(
+    "gather", _gather_body, lambda x, concat, allow_pickle, dst: _serial_gather(x, concat, allow_pickle),
+    _gather_fingerprint, root="dst",
+)

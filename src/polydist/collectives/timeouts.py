@@ -1,0 +1,104 @@
+"""Collective timeouts that say which ranks did not arrive.
+
+A backend's own timeout error (gloo: "Timed out waiting 5000ms for recv
+operation to complete") does not say who is missing. polydist numbers the
+collectives each rank calls on each group (the group's sequence number, set
+by :mod:`~polydist.collectives.pipeline`: no communication). When a collective times out, every rank that timed
+out in it writes ``polydist/timeout/<group>/<seq>/<rank>`` into the default
+group's store (the rendezvous store, which outlives a stuck collective), waits
+a short grace for the other ranks that timed out in the same call, and raises
+:class:`~polydist.CollectiveTimeoutError` naming the ranks whose keys are
+missing. Only the error path communicates.
+
+The timeout itself is the process group's (``initialize(timeout=...)``,
+``spawn(timeout=...)``, ``polydist run --timeout``). MPI collectives have no
+timeout: on mpi4py a rank that raises ends the job through ``MPI_Abort``, and a
+rank that dies is ended by ``mpiexec``; a rank that merely stops calling
+collectives leaves the others waiting.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Optional
+
+from .. import _torch
+from ..errors import CollectiveTimeoutError, PolydistError
+from ..groups import Resolved
+
+__all__ = ["explain"]
+
+_GLOO_WAIT = re.compile(r"Timed out waiting (\d+)ms")
+_TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_SHOWN = 16  # ranks listed in full in a message; longer lists are abridged
+
+
+def explain(
+    exc: RuntimeError, res: Resolved, name: str, rooted: bool, seq: Optional[int] = None
+) -> Optional[CollectiveTimeoutError]:
+    """The :class:`CollectiveTimeoutError` that names who did not arrive, when ``exc`` is a backend timeout.
+
+    None for any other error (it passes unchanged): polydist's own, a store
+    wait's, and errors whose text is not a timeout's. ``rooted``: some ranks
+    of this collective may finish their part without waiting for the others
+    (broadcast, reduce, gather, scatter), so a rank without a key may have
+    arrived and left. ``seq``: the call's sequence number (default: the
+    group's latest, right for a synchronous call; an asynchronous one is
+    waited for later, when the group may have moved on).
+    """
+    if isinstance(exc, (PolydistError, *_torch.StoreError)) or not _TIMEOUT_TEXT.search(str(exc)):
+        return None
+    return _explain(name, rooted, exc, res, res.seq if seq is None else seq)
+
+
+def _show(ranks: list) -> str:
+    if len(ranks) <= _SHOWN:
+        return str(ranks)
+    return f"[{', '.join(map(str, ranks[:_SHOWN]))}, ...] ({len(ranks)} ranks)"
+
+
+def _timeout_s(res: Resolved, exc: Exception) -> Optional[float]:
+    """What the backend waited: from gloo's message, else the group's configured timeout."""
+    found = _GLOO_WAIT.search(str(exc))
+    return int(found.group(1)) / 1000 if found else _torch.group_timeout(res.pg)
+
+
+def _compare_notes(res: Resolved, seq: int, name: str, grace_s: float) -> set:
+    """Leave this rank's key, wait up to ``grace_s`` for the other members' keys; return the ranks seen."""
+    store = _torch.default_store()
+    prefix = f"polydist/timeout/{res.key}/{seq}/"
+    store.set(prefix + str(res.rank), name)
+    seen = {res.rank}
+    deadline = time.monotonic() + grace_s
+    while True:
+        seen.update(r for r in res.ranks if r not in seen and store.check([prefix + str(r)]))
+        if len(seen) == res.size or time.monotonic() >= deadline:
+            return seen
+        time.sleep(0.05)
+
+
+def _explain(name: str, rooted: bool, exc: Exception, res: Resolved, seq: int) -> CollectiveTimeoutError:
+    timeout_s = _timeout_s(res, exc)
+    # Ranks that entered the call within the grace of each other time out within it too.
+    grace_s = min(max(1.0, 0.2 * timeout_s), 5.0) if timeout_s else 2.0
+    head = f"{name} #{seq} on group {_show(list(res.ranks))} timed out"
+    head += f" after {timeout_s:g} s" if timeout_s else ""
+    head += f" on rank {res.rank}"
+    fields = dict(collective=name, seq=seq, group=res.ranks, rank=res.rank, timeout_s=timeout_s)
+    try:
+        seen = _compare_notes(res, seq, name, grace_s)
+    except Exception as store_exc:  # the store's host may be gone as well
+        text = f"{head}; could not learn which ranks arrived (store: {store_exc})"
+        return CollectiveTimeoutError(text, waiting=None, missing=None, **fields)
+    waiting = sorted(seen)
+    missing = [r for r in res.ranks if r not in seen]
+    if not missing:
+        text = (
+            f"{head}: every rank of the group was waiting in it (a lost connection, or ranks that disagree "
+            "on the calls: POLYDIST_DEBUG=1 compares them)"
+        )
+    else:
+        absent = "did not arrive or had already done their part" if rooted else "did not arrive"
+        text = f"{head}: ranks {_show(missing)} {absent}; ranks {_show(waiting)} were waiting"
+    return CollectiveTimeoutError(text, waiting=waiting, missing=missing, **fields)

@@ -1,0 +1,265 @@
+"""How a process joins a world: the backend, the rendezvous, the timeout, and the node layout.
+
+:func:`polydist.initialize` asks :func:`group_kwargs` what to pass to
+``torch.distributed.init_process_group`` — the only place where the
+launcher's environment decides anything, so contradictory variables raise
+here — and :func:`create` makes the group. The layout functions say which
+node each rank is on, from the launcher's variables or, failing that, by
+gathering host names.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from datetime import timedelta
+from typing import Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _torch, settings
+from ._state import Layout
+from .backends import mpi4py as mpi4py_backend
+from .backends.mpi4py import job as mpi_job
+from .environment import ProcessInfo, detect
+
+__all__ = [
+    "Timeout",
+    "available_backends",
+    "as_timedelta",
+    "resolve_backend",
+    "group_kwargs",
+    "create",
+    "launcher",
+    "layout_from_env",
+    "layout_from_hostnames",
+    "single_node_guess",
+]
+
+Timeout = Union[float, int, timedelta, None]
+
+# Joining waits for every rank to start (seconds each, on a loaded machine), so a short
+# collective timeout is applied only once the group exists (gloo and nccl can change it).
+JOIN_TIMEOUT_FLOOR = timedelta(minutes=2)
+
+
+def as_timedelta(timeout: Timeout) -> Optional[timedelta]:
+    if timeout is None:
+        seconds = settings.TIMEOUT.read()
+        return None if seconds is None else timedelta(seconds=seconds)
+    if isinstance(timeout, timedelta):
+        if timeout <= timedelta(0):
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        return timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout must be a positive number of seconds or a timedelta, got {timeout!r}")
+    return timedelta(seconds=float(timeout))
+
+
+def resolve_backend(name: Optional[str]) -> str:
+    if name is None:
+        name = settings.BACKEND.read()
+    if name is None:
+        cuda = torch.cuda.is_available() and dist.is_nccl_available()
+        return "nccl" if cuda else "gloo"
+    if not isinstance(name, str):
+        raise TypeError(f"backend must be a string such as 'gloo' or 'nccl', got {name!r}")
+    lowered = name.lower()
+    known = {b.lower() for b in dist.Backend.backend_list} | {"mpi"}
+    if lowered not in known:
+        raise ValueError(f"unknown backend {name!r}; available here: {', '.join(available_backends())}")
+    if lowered == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend 'nccl' needs CUDA devices, and none is visible to this process")
+    if lowered == "mpi" and not dist.is_mpi_available():
+        if not mpi4py_backend.register():
+            raise ValueError(
+                "backend 'mpi' needs PyTorch built with MPI or the mpi4py package: pip install mpi4py mpich"
+            )
+        return mpi4py_backend.BACKEND_NAME  # stock wheels: MPI through mpi4py
+    return lowered
+
+
+def launcher() -> ProcessInfo:
+    """What the launcher exported; serial when its variables are incomplete or contradict each other.
+
+    Only :func:`initialize` lets a bad environment raise, since only there
+    does it decide anything; queries and adoption must not fail over
+    variables a user-made group does not depend on (e.g. ``WORLD_SIZE``
+    exported without ``RANK``).
+    """
+    try:
+        return detect()
+    except ValueError:
+        return detect({})
+
+
+def layout_from_env(info: ProcessInfo) -> Optional[Layout]:
+    """The node layout the launcher exported, if complete and about this group."""
+    if info.launcher == "serial" or dist.get_rank() != info.rank or dist.get_world_size() != info.world_size:
+        return None
+    fields = (info.local_rank, info.local_world_size, info.nnodes, info.node_rank)
+    if any(f is None for f in fields):
+        return None
+    return Layout(*fields)  # type: ignore[arg-type]
+
+
+def comm_device(backend_name: Optional[str]) -> torch.device:
+    """The device a group of backend ``backend_name`` communicates on: where its byte buffers must live.
+
+    ``cuda:<current device>`` for nccl (which moves CUDA tensors only), else
+    ``cpu``. The one place this is decided: :func:`polydist.device` and every group's
+    :class:`~polydist.groups.Resolved` use it.
+    """
+    if backend_name == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+_HOST_BYTES = 256  # a host name is at most 253 bytes (RFC 1035)
+
+
+def layout_from_hostnames() -> Layout:
+    """Derive the layout by gathering every rank's host name (a collective).
+
+    Names travel as fixed-size byte rows, not through ``all_gather_object``:
+    nothing another rank sends is unpickled.
+    """
+    name = socket.gethostname().encode("utf-8")[: _HOST_BYTES - 1]
+    dev = comm_device(str(dist.get_backend()))
+    mine = torch.zeros(_HOST_BYTES, dtype=torch.uint8)
+    mine[: len(name)] = torch.frombuffer(bytearray(name), dtype=torch.uint8)
+    every = torch.empty(dist.get_world_size() * _HOST_BYTES, dtype=torch.uint8, device=dev)
+    _torch.all_gather_single(every, mine.to(dev))
+    rows = every.cpu().numpy().reshape(dist.get_world_size(), _HOST_BYTES)
+    hosts = [row.tobytes().rstrip(b"\0").decode("utf-8", "replace") for row in rows]
+    me = hosts[dist.get_rank()]
+    nodes = list(dict.fromkeys(hosts))  # in order of first appearance
+    return Layout(
+        local_rank=hosts[: dist.get_rank()].count(me),
+        nproc_per_node=hosts.count(me),
+        nnodes=len(nodes),
+        node_rank=nodes.index(me),
+    )
+
+
+def single_node_guess() -> Layout:
+    return Layout(local_rank=dist.get_rank(), nproc_per_node=dist.get_world_size(), nnodes=1, node_rank=0)
+
+
+def group_kwargs(
+    backend: Optional[str],
+    init_method: Optional[str],
+    td: Optional[timedelta],
+    rank: Optional[int],
+    world_size: Optional[int],
+    kwargs: dict,
+    info: ProcessInfo,
+) -> Optional[dict]:
+    """The arguments of ``init_process_group`` for :func:`polydist.initialize`; None: stay serial.
+
+    ``td`` is the collective timeout; it rides along as ``_collective_timeout``
+    for :func:`create`. Raises ``ValueError`` as documented by ``initialize``.
+    """
+    explicit = backend is not None or init_method is not None or rank is not None or world_size is not None
+    if not explicit and not info.is_distributed and not settings.BACKEND.read():
+        return None  # serial: no launcher, nothing asked for
+    name = resolve_backend(backend)
+    group_kwargs: dict = dict(backend=name, **kwargs)
+    if td is not None:
+        settable = _torch.can_set_timeout(name)
+        group_kwargs["timeout"] = max(td, JOIN_TIMEOUT_FLOOR) if settable else td
+        group_kwargs["_collective_timeout"] = td
+    if init_method is None and meets_through_mpi(name, info):
+        init_method = "mpi://"  # rank and world size come from MPI itself
+    if init_method is not None:
+        group_kwargs["init_method"] = init_method
+    if name == "mpi" or init_method == "mpi://":
+        if rank is not None or world_size is not None:
+            group_kwargs.update(rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size)
+        return group_kwargs
+    rank = info.rank if rank is None else rank
+    world_size = info.world_size if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} is outside world_size={world_size}")
+    group_kwargs.update(rank=rank, world_size=world_size)
+    if init_method is not None:
+        pass
+    elif info.master_addr and info.master_port:
+        exported = os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
+        # env:// when the launcher exported the address (torchrun's agent may already host the
+        # store there); tcp:// when detection derived it (Slurm: first host of the node list).
+        group_kwargs["init_method"] = "env://" if exported else f"tcp://{info.master_addr}:{info.master_port}"
+    elif world_size == 1:
+        group_kwargs["store"] = dist.HashStore()  # nothing to meet: no port, no file
+    else:
+        raise ValueError(
+            f"world_size={world_size} but no way to rendezvous: pass init_method "
+            "(e.g. 'tcp://HOST:PORT') or launch with polydist run / torchrun, which set MASTER_ADDR/MASTER_PORT"
+        )
+    if name == "nccl" and info.local_rank is not None:
+        torch.cuda.set_device(info.local_rank)
+    return group_kwargs
+
+
+def meets_through_mpi(name: str, info: ProcessInfo) -> bool:
+    """Rendezvous over MPI: the mpi4py backend, or any backend in an MPI job (also srun --mpi) without MASTER_ADDR."""
+    if name == mpi4py_backend.BACKEND_NAME:
+        return True
+    return info.mpi_flavor is not None and not info.master_addr and mpi4py_backend.register()
+
+
+def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
+    """Warn before a multi-node gloo job that would fail after a long wait with "Connection refused".
+
+    gloo offers the other ranks the address this host name resolves to; on
+    Debian (127.0.1.1) and in many containers that is loopback, which ranks
+    on other hosts cannot reach. Only a warning: nodes may share one host.
+    """
+    if backend != "gloo" or (info.nnodes or 1) < 2 or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    master = info.master_addr or ""
+    try:
+        mine = socket.gethostbyname(socket.gethostname())
+        if not mine.startswith("127.") or socket.gethostbyname(master).startswith("127."):
+            return
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet: just the route's source
+            probe.connect((master, info.master_port or 1))
+            route = probe.getsockname()[0]
+    except OSError:
+        return
+    warnings.warn(
+        f"host name {socket.gethostname()!r} resolves to loopback {mine}, so gloo would offer the other nodes an "
+        f"address they cannot reach; set GLOO_SOCKET_IFNAME to the interface that reaches {master} "
+        f"(the one with address {route})",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def create(group_kwargs: dict, info: ProcessInfo) -> Optional[timedelta]:
+    """Create the default group from :func:`group_kwargs`; return the collective timeout it applied."""
+    td = group_kwargs.pop("_collective_timeout", None)
+    _warn_if_gloo_offers_loopback(group_kwargs["backend"], info)
+    dist.init_process_group(**group_kwargs)
+    if td is not None and td != group_kwargs["timeout"]:
+        _torch.set_default_timeout(td)  # joined with the floor; collectives wait td
+    if group_kwargs.get("init_method") == "mpi://" or group_kwargs["backend"] == "mpi":
+        # MPI collectives have no timeout: an uncaught exception must end the job.
+        mpi_job.install_abort_hook()
+    return td
+
+
+def available_backends() -> tuple[str, ...]:
+    """Backends usable in this process: built into this PyTorch and, for nccl, with CUDA visible."""
+    names = []
+    if dist.is_gloo_available():
+        names.append("gloo")
+    if dist.is_nccl_available() and torch.cuda.is_available():
+        names.append("nccl")
+    if dist.is_mpi_available():
+        names.append("mpi")
+    builtin = {"gloo", "nccl", "mpi", "ucc", "xccl", "undefined", "fake"}
+    names.extend(b for b in dist.Backend.backend_list if b not in builtin and b not in names)
+    return tuple(names)

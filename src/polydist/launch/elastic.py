@@ -1,0 +1,298 @@
+"""Starting processes: ``spawn``, ``Parallel`` and the engine behind ``polydist run``.
+
+All three go through PyTorch's elastic agent (``torch.distributed.launcher``,
+the machinery of ``torchrun``): no home-made process manager. Single-node jobs
+meet on a stand-alone c10d rendezvous whose TCP store binds port 0 on loopback,
+so the OS picks a free port and two jobs on one machine never collide.
+Multi-node jobs use torchrun's static rendezvous at ``master_addr:master_port``.
+When any worker fails, the agent stops the others and the launcher raises
+:class:`~polydist.errors.WorkerFailedError` naming the failed ranks with their
+tracebacks. Workers die with their launcher, also one killed with SIGKILL
+(:func:`die_with_parent`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
+
+import torch
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, get_error_handler
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from .. import _torch
+from ..environment import detect
+from ..errors import WorkerFailedError
+
+__all__ = [
+    "launch",
+    "worker_setup",
+    "die_with_parent",
+    "death_signal_setter",
+    "worker_errors",
+]
+
+_SHUTDOWN_TIMEOUT_S = 5  # SIGTERM → SIGKILL grace for the survivors of a failed job
+_PEER_GONE_GRACE_S = 3  # how long a rank that lost a peer waits for the launcher to notice that peer
+RANK_PREFIX = "[rank${rank}]: "
+
+
+def _check_positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _config(
+    nproc_per_node: int,
+    nnodes: int,
+    node_rank: int,
+    master_addr: Optional[str],
+    master_port: Optional[int],
+    logs_specs: DefaultLogsSpecs,
+    prefix: Optional[str],
+) -> LaunchConfig:
+    _check_positive("nproc_per_node", nproc_per_node)
+    _check_positive("nnodes", nnodes)
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
+        raise ValueError(f"node_rank must be in [0, nnodes={nnodes}), got {node_rank!r}")
+    common = dict(
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        max_restarts=0,
+        logs_specs=logs_specs,
+        log_line_prefix_template=prefix,
+        shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+    )
+    if nnodes == 1 and master_addr is None:
+        port = master_port or 0  # 0: the store binds a free port chosen by the OS
+        return _torch.launch_config(
+            run_id=uuid.uuid4().hex,
+            rdzv_backend=_torch.register_loopback_rendezvous(),  # torch's c10d rendezvous, listening on loopback only
+            rdzv_endpoint=f"127.0.0.1:{port}",
+            rdzv_configs={"is_host": True},
+            local_addr="127.0.0.1",
+            **common,
+        )
+    if not master_addr or not master_port:
+        raise ValueError(
+            f"a job on nnodes={nnodes} needs master_addr and master_port (the address of node 0), "
+            f"got master_addr={master_addr!r}, master_port={master_port!r}"
+        )
+    return _torch.launch_config(
+        run_id="polydist",
+        rdzv_backend="static",
+        rdzv_endpoint=f"{master_addr}:{master_port}",
+        rdzv_configs={"rank": node_rank},
+        **common,
+    )
+
+
+def launch(
+    entrypoint: Union[Callable, str],
+    args: Sequence[Any],
+    nproc_per_node: int,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    prefix_output: bool = False,
+) -> dict[int, Any]:
+    """Run ``entrypoint(*args)`` (a picklable function or an executable) in
+    ``nproc_per_node`` processes on this node under PyTorch's elastic agent.
+
+    Returns ``{global rank: return value}`` for this node's workers (None
+    values for an executable). With ``prefix_output`` each output line is
+    prefixed ``[rankN]: ``. Raises :class:`WorkerFailedError` when a worker
+    fails (after the others were stopped), ``ValueError`` for bad sizes.
+    """
+    with tempfile.TemporaryDirectory(prefix="polydist-logs-") as log_dir:
+        tee = Std.ALL if prefix_output else Std.NONE
+        specs = DefaultLogsSpecs(log_dir=log_dir, tee=tee)
+        cfg = _config(
+            nproc_per_node, nnodes, node_rank, master_addr, master_port, specs, RANK_PREFIX if prefix_output else None
+        )
+        agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+        agent_log.addFilter(_no_traceback)
+        try:
+            return elastic_launch(cfg, entrypoint)(*args)
+        except ChildFailedError as exc:
+            raise _failure_report(exc, nnodes) from None
+        finally:
+            agent_log.removeFilter(_no_traceback)
+
+
+def _no_traceback(record: logging.LogRecord) -> bool:
+    """Log torch's "failed (exitcode ...)" line without the worker's traceback.
+
+    polydist's report shows that traceback; and formatting one makes torch's
+    log formatter import ``torch._dynamo``, 1-3 s spent exactly while a job
+    is failing.
+    """
+    record.exc_info, record.exc_text = None, None
+    return True
+
+
+# Errors a rank gets when a *peer* went away mid-collective: consequences, not causes.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker")
+
+
+def _traceback(failure: Any) -> str:
+    """The traceback the worker recorded, or "" when it recorded none (killed, crashed, os._exit)."""
+    data = failure.error_file_data or {}
+    message = data.get("message")
+    if isinstance(message, dict):
+        return message.get("extraInfo", {}).get("py_callstack") or message.get("message", "")
+    return message if isinstance(message, str) and message != "<NONE>" else ""  # torch's "<NONE>": no error file
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _how(code: Optional[int]) -> str:
+    """``exit code -9 (killed by SIGKILL)`` for a signal (negative code), ``exit code 3`` otherwise."""
+    if code is not None and code < 0:
+        return f"exit code {code} (killed by {_signal_name(-code)})"
+    return f"exit code {code}"
+
+
+def _no_traceback_text(failure: Any) -> str:
+    if failure.exitcode is not None and failure.exitcode < 0:
+        return f"(no traceback: the process was killed by {_signal_name(-failure.exitcode)}, by someone or by the OS)"
+    return (
+        f"(no traceback: the process ended with exit code {failure.exitcode} without raising: "
+        "os._exit, or a crash in native code)"
+    )
+
+
+def _failure_report(exc: ChildFailedError, nnodes: int = 1) -> WorkerFailedError:
+    """Name the rank that caused the failure and show its traceback.
+
+    torch picks the earliest failure by a timestamp in whole seconds, so a
+    rank that died of "connection closed by peer" can tie with, and be
+    blamed for, the rank that really raised. Rank causes above consequences
+    (peer-gone errors, ranks the agent stopped), then by time. In a
+    multi-node job whose local failures are all consequences, the cause is on
+    another node: no local rank is blamed (``root_rank`` -1).
+    """
+
+    def peer_gone(f: Any) -> bool:
+        return any(marker in _traceback(f) for marker in _PEER_GONE)
+
+    def consequence(item: tuple) -> tuple:
+        _, f = item
+        return (peer_gone(f) or f.exitcode == -signal.SIGTERM, f.timestamp)
+
+    ordered = sorted(exc.failures.items(), key=consequence)
+    root_rank, root = ordered[0]
+    if nnodes > 1 and consequence(ordered[0])[0] and any(peer_gone(f) for _, f in ordered):
+        root_rank, rest = -1, ordered
+        lines = [
+            f"no rank of this node failed on its own: ranks {sorted(exc.failures)} lost their connection to a "
+            "peer or were stopped; the rank that failed first is on another node (see that node's report)."
+        ]
+    else:
+        rest = ordered[1:]
+        lines = [
+            f"rank {root_rank} (local rank {root.local_rank}, pid {root.pid}) failed first, with "
+            f"{_how(root.exitcode)}; the other ranks were stopped.",
+            f"--- traceback of rank {root_rank} ---",
+            _traceback(root).rstrip() or _no_traceback_text(root),
+        ]
+    for rank, f in rest:
+        last = (_traceback(f).strip().splitlines() or [""])[-1]
+        last = last if len(last) <= 160 else last[:157] + "..."
+        lines.append(f"rank {rank}: {_how(f.exitcode)}{': ' + last if last else ''}")
+    failures = {r: (f.exitcode, _traceback(f)) for r, f in exc.failures.items()}
+    return WorkerFailedError("\n".join(lines), failures, root_rank)
+
+
+def worker_setup() -> None:
+    """Per-worker defaults: one share of the CPU cores for intra-op threads.
+
+    Like torchrun, avoid oversubscription when several workers share a node;
+    an explicit ``OMP_NUM_THREADS`` wins.
+    """
+    if "OMP_NUM_THREADS" not in os.environ:
+        local = detect().local_world_size or 1  # any launcher's count: mpiexec exports no LOCAL_WORLD_SIZE
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def death_signal_setter() -> Optional[Callable[[], int]]:
+    """``prctl(PR_SET_PDEATHSIG, SIGKILL)`` for the calling process, as a function; None off Linux.
+
+    Resolved now, so the function is also safe to run between fork and exec
+    (as a ``subprocess`` ``preexec_fn``).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # a libc without prctl: run unguarded
+        return None
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def die_with_parent(parent_pid: Optional[int] = None) -> None:
+    """Have the kernel SIGKILL this process when its parent (the launcher) dies; Linux only.
+
+    torch's elastic agent starts each worker in a session of its own, so a
+    launcher killed with SIGKILL, which cannot stop them, would leave them
+    running — blocked in a collective for up to its timeout. Uses
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``. ``parent_pid``: the pid the parent
+    had (None: any parent but init); if the parent already died before this
+    call (the process was reparented), exit at once. Does nothing elsewhere
+    than Linux.
+    """
+    arm = death_signal_setter()
+    if arm is None or arm() != 0:
+        return
+    parent = os.getppid()
+    reparented = parent != parent_pid if parent_pid is not None else parent == 1
+    if reparented:  # the parent died before prctl took effect
+        sys.stderr.write(f"polydist: the launcher (pid {parent_pid or 'unknown'}) is gone; this worker exits\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def worker_errors() -> Iterator[None]:
+    """Around a worker's own code (inside torch's ``@record``): make its failures report well.
+
+    * A non-zero ``sys.exit`` is recorded like an exception (torch's
+      ``@record`` lets it pass), so the launcher shows where it was called.
+    * A lost connection to a peer ("Connection closed by peer": a failed
+      peer, seen sometimes before the peer's own exit) pauses this rank 3 s
+      before re-raising. The launcher stops it meanwhile, so the peer is
+      reported as the cause (torch's spawn reports only the first process to
+      exit), and this rank is not stopped halfway through writing its error
+      file (which torch's agent would then fail to read).
+    """
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            get_error_handler().record_exception(exc)
+        raise
+    except RuntimeError as exc:
+        if any(marker in str(exc) for marker in _PEER_GONE):
+            time.sleep(_PEER_GONE_GRACE_S)
+        raise

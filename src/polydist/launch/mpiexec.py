@@ -1,0 +1,285 @@
+"""Jobs under the installed MPI's ``mpiexec``: ``polydist run --backend mpi`` and ``polydist bench``.
+
+MPI launches its own processes, so the MPI backend is started by MPI's
+launcher rather than PyTorch's elastic agent. ``mpiexec`` is looked up next to
+the Python interpreter first (where the ``mpich`` wheel installs it), then on
+``PATH``. A rank that raises calls ``MPI_Abort`` (see
+:func:`polydist.backends.mpi4py.install_abort_hook`), which makes ``mpiexec``
+end every rank; before that it writes its traceback into the directory named by
+``$POLYDIST_FAILURE_DIR``, from which :func:`run` reports the failing rank. A
+rank that is killed writes nothing: :func:`run` watches the ranks' pids (from
+their pid files, :func:`record_pid`) and names the one that ended first, else
+the one ``mpiexec``'s report names. ``mpiexec`` dies with the process that runs
+it (Linux), and takes its ranks down.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Mapping, Optional, Sequence, TextIO
+
+from ..settings import FAILURE_DIR
+from ..errors import WorkerFailedError
+
+__all__ = ["find", "run", "prefix_output", "record_pid", "mark_done"]
+
+
+def find() -> str:
+    """Path of ``mpiexec``: beside ``sys.executable`` (a venv with the mpich wheel), else on ``PATH``.
+
+    Raises:
+        FileNotFoundError: no ``mpiexec`` anywhere, with the command that installs one.
+    """
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(here, os.X_OK):
+        return here
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if found is None:
+        raise FileNotFoundError(
+            "no mpiexec found beside the Python interpreter or on PATH; install one with: pip install mpi4py mpich"
+        )
+    return found
+
+
+def run(argv: Sequence[str], nproc: int, *, env: Optional[Mapping[str, str]] = None) -> None:
+    """Run ``mpiexec -n nproc ARGV...`` and wait for it.
+
+    Args:
+        argv: the command every rank runs (e.g. ``[sys.executable, "-m", ...]``).
+        nproc: number of ranks, ≥ 1.
+        env: environment of the ranks (default: this process's), to which
+            ``$POLYDIST_FAILURE_DIR`` is added.
+
+    Raises:
+        WorkerFailedError: ``mpiexec`` exited non-zero; names the rank whose
+            uncaught exception aborted the job, with its traceback, when one
+            was recorded, else the rank ``mpiexec`` reports killed or crashed.
+        ValueError: ``nproc`` < 1.
+        FileNotFoundError: no ``mpiexec`` (see :func:`find`).
+    """
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be a positive int, got {nproc!r}")
+    command = [find(), "-n", str(nproc), *argv]
+    with tempfile.TemporaryDirectory(prefix="polydist-mpi-") as failures:
+        child_env = dict(os.environ if env is None else env)
+        child_env[FAILURE_DIR.name] = failures
+        watch = _EndWatch(failures, nproc)
+        watch.start()
+        try:
+            code, tail = _call(command, child_env)
+        finally:
+            watch.stop()
+        if code != 0:
+            raise _failure_report(failures, code, tail, watch.first_failed())
+
+
+def _call(command: list, env: dict) -> tuple[int, str]:
+    """Run ``command``, copying its stdout through; return its exit code and the last 16 KiB of that stdout.
+
+    Hydra prints its report of a rank that died on stdout, mixed with the ranks' output.
+    """
+    from .elastic import death_signal_setter
+
+    out = getattr(sys.stdout, "buffer", None)
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    tail = b""
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, preexec_fn=death_signal_setter()) as proc:
+        assert proc.stdout is not None
+        for chunk in iter(lambda: os.read(proc.stdout.fileno(), 65536), b""):
+            if out is not None:
+                out.write(chunk)
+            else:  # a text-only stream (captured, redirected)
+                sys.stdout.write(text.decode(chunk))
+            sys.stdout.flush()
+            tail = (tail + chunk)[-16384:]
+    return proc.returncode, tail.decode("utf-8", "replace")
+
+
+class _EndWatch(threading.Thread):
+    """Notes the order in which the ranks' processes end, through Linux pidfds.
+
+    mpiexec ends every rank once one dies, and Hydra's report then names any
+    of them; a pidfd becomes readable the moment its process ends, before
+    mpiexec has had time to end the others. ``order`` lists the ranks seen
+    ending at each look of this thread (several at once on a busy machine).
+    Without pidfds (not Linux, an old kernel) it stays empty.
+    """
+
+    def __init__(self, folder: str, nproc: int) -> None:
+        super().__init__(name="polydist-mpi-watch", daemon=True)
+        self.folder, self.nproc = folder, nproc
+        self.order: list[list[int]] = []
+        self._wake_r, self._wake_w = os.pipe()
+
+    def stop(self) -> None:
+        os.write(self._wake_w, b"x")
+        self.join(timeout=2)
+        os.close(self._wake_w)
+
+    def first_failed(self) -> list[int]:
+        """The first ranks to end among those that did not finish their script (:func:`mark_done`)."""
+        done = {r for r in range(self.nproc) if os.path.exists(os.path.join(self.folder, f"rank{r}.done"))}
+        return next((g for g in ([r for r in group if r not in done] for group in self.order) if g), [])
+
+    def run(self) -> None:
+        if not hasattr(os, "pidfd_open"):
+            return
+        poller, ranks = select.poll(), {}  # pidfd -> rank
+        poller.register(self._wake_r, select.POLLIN)
+        watched: set[int] = set()
+        try:
+            while True:
+                if len(watched) < self.nproc:  # ranks note their pids as they start
+                    for rank, pid in _pids(self.folder).items():
+                        if rank in watched:
+                            continue
+                        watched.add(rank)
+                        try:
+                            fd = os.pidfd_open(pid)
+                        except ProcessLookupError:  # it ended before it was watched
+                            self.order.append([rank])
+                            continue
+                        ranks[fd] = rank
+                        poller.register(fd, select.POLLIN)
+                ready = {fd for fd, _ in poller.poll(100 if len(watched) < self.nproc else None)}
+                ended = sorted(ranks[fd] for fd in ready if fd in ranks)
+                for fd in ready & ranks.keys():
+                    poller.unregister(fd)
+                if ended:
+                    self.order.append(ended)
+                if self._wake_r in ready:
+                    return
+        except OSError:  # pidfds refused (seccomp, an old kernel): no watch
+            pass
+        finally:
+            for fd in (*ranks, self._wake_r):
+                os.close(fd)
+
+
+def _pids(folder: str) -> dict[int, int]:
+    """``{rank: pid}`` from the pid files in ``folder``."""
+    found = {}
+    for name in os.listdir(folder):
+        if name.startswith("rank") and name.endswith(".pid"):
+            with open(os.path.join(folder, name)) as f:
+                found[int(name[4:-4])] = int(f.read())
+    return found
+
+
+# A rank that died, as mpiexec reports it: Hydra (MPICH, Intel MPI) by pid, Open MPI by rank.
+_HYDRA_DEATH = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*=*\s*EXIT CODE: (-?\d+)")
+_HYDRA_REASON = re.compile(r"EXIT STRING: ([^\n]+?)\s*$", re.MULTILINE)
+_OMPI_DEATH = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on ([^\n]+?)\.?\s*$", re.MULTILINE)
+
+
+def record_pid(rank: int) -> None:
+    """Note this rank's pid in ``$POLYDIST_FAILURE_DIR``, so :func:`run` can name it if it is killed."""
+    folder = FAILURE_DIR.read()
+    if folder and os.path.isdir(folder):
+        path = os.path.join(folder, f"rank{rank}.pid")
+        with open(path + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)  # whole, for the watch that reads it
+
+
+def mark_done(rank: int) -> None:
+    """Note in ``$POLYDIST_FAILURE_DIR`` that this rank's script finished, so its exit is not taken for a failure."""
+    folder = FAILURE_DIR.read()
+    if folder and os.path.isdir(folder):
+        open(os.path.join(folder, f"rank{rank}.done"), "w").close()
+
+
+def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) -> Optional[WorkerFailedError]:
+    """The rank that died without a traceback (killed or crashed): the first to end, else mpiexec's report's."""
+    pids = _pids(failures)
+    ranks = {pid: rank for rank, pid in pids.items()}
+    pid, host, how, rank = None, None, None, None
+    found = _OMPI_DEATH.search(output)
+    if found:
+        rank, pid, host, how = int(found[1]), int(found[2]), found[3], found[4]
+    else:
+        found = _HYDRA_DEATH.search(output)
+        if found:
+            pid, host, reason = int(found[1]), found[2], _HYDRA_REASON.search(output)
+            how = reason[1] if reason else f"exit code {found[3]}"
+            rank = ranks.get(pid)
+    if first and rank not in first:  # mpiexec named a rank it stopped itself
+        rank, how = first[0], None
+    if rank is None:
+        if pid is None:
+            return None
+        message = f"a process (pid {pid} on {host}) failed before it recorded its rank: {how}"
+        return WorkerFailedError(f"{message} (mpiexec exit code {code})", {}, -1)
+    where = f"pid {pids.get(rank, pid)}" + (f" on {host}" if host else "")
+    also = f" (ranks {first} ended at the same moment)" if len(first) > 1 else ""
+    lines = [
+        f"rank {rank} ({where}) failed first{': ' + how if how else ''}{also}; mpiexec (exit code {code}) "
+        "stopped the other ranks.",
+        f"--- traceback of rank {rank} ---",
+        "(no traceback: the process was killed, by someone or by the OS, or crashed in native code)",
+    ]
+    return WorkerFailedError("\n".join(lines), {rank: (code, "")}, rank)
+
+
+def _failure_report(failures: str, code: int, output: str = "", first: Sequence[int] = ()) -> WorkerFailedError:
+    files = [n for n in os.listdir(failures) if n.startswith("rank") and n.endswith(".txt")]
+    files.sort(key=lambda n: os.path.getmtime(os.path.join(failures, n)))  # first failure first
+    recorded = {}
+    for name in files:
+        with open(os.path.join(failures, name), encoding="utf-8", errors="replace") as f:
+            recorded[int(name[4:-4])] = f.read()
+    if not recorded:
+        killed = _killed_rank(failures, code, output, first)
+        if killed is not None:
+            return killed
+        message = f"mpiexec exited with code {code} (no rank recorded an exception: a process died or exited non-zero)"
+        return WorkerFailedError(message, {}, -1)
+    root = next(iter(recorded))
+    lines = [
+        f"rank {root} failed first (mpiexec exit code {code}); MPI_Abort stopped the other ranks.",
+        f"--- traceback of rank {root} ---",
+        recorded[root].rstrip(),
+    ]
+    lines += [f"rank {r} also failed: {(tb.strip().splitlines() or [''])[-1]}" for r, tb in recorded.items() if r != root]
+    return WorkerFailedError("\n".join(lines), {r: (code, tb) for r, tb in recorded.items()}, root)
+
+
+class _Prefixed:
+    """A text stream that writes whole lines, each starting with ``prefix``.
+
+    mpiexec merges all ranks' output into one stream; whole-line writes keep
+    lines from different ranks from interleaving mid-line.
+    """
+
+    def __init__(self, stream: TextIO, prefix: str) -> None:
+        self._stream, self._prefix, self._partial = stream, prefix, ""
+
+    def write(self, text: str) -> int:
+        *lines, self._partial = (self._partial + text).split("\n")
+        if lines:
+            self._stream.write("".join(f"{self._prefix}{line}\n" for line in lines))
+            self._stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            self._stream.write(self._prefix + self._partial)
+            self._partial = ""
+        self._stream.flush()
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, ...
+        return getattr(self._stream, name)
+
+
+def prefix_output(prefix: str) -> None:
+    """Prefix every line this process writes to ``sys.stdout``/``sys.stderr`` (Python-level writes)."""
+    sys.stdout = _Prefixed(sys.stdout, prefix)  # type: ignore[assignment]
+    sys.stderr = _Prefixed(sys.stderr, prefix)  # type: ignore[assignment]

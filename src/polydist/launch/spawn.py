@@ -1,0 +1,152 @@
+"""``spawn`` and ``Parallel``: start ``fn`` in every process of a job from Python.
+
+Both run on the elastic engine of :mod:`polydist.launch.elastic` (PyTorch's
+elastic agent, the machinery of ``torchrun``); ``fn(local_rank, *args)`` runs
+in each process after :func:`polydist.initialize`. Semantics of ignite's
+``idist.spawn``/``idist.Parallel``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Optional
+
+from .. import context
+from .elastic import _check_positive, die_with_parent, launch, worker_errors, worker_setup
+
+__all__ = ["spawn", "Parallel"]
+
+
+def _spawned(
+    fn: Callable, args: tuple, kwargs: dict, backend: Optional[str], init: dict, parent_pid: Optional[int] = None
+) -> Any:
+    """Body of each spawned process: join the job, call ``fn(local_rank, ...)``, leave."""
+    die_with_parent(parent_pid)
+    worker_setup()
+    context.initialize(backend, **init)
+    with worker_errors():
+        result = fn(context.get_local_rank(), *args, **kwargs)
+    # Only on success: after an error the process exits and its peers see it
+    # at once, whereas tearing the group down first could block.
+    context.finalize()
+    return result
+
+
+def spawn(
+    backend: Optional[str],
+    fn: Callable[..., Any],
+    args: tuple = (),
+    kwargs_dict: Optional[dict] = None,
+    nproc_per_node: int = 1,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    init_method: Optional[str] = None,
+    timeout: Optional[float] = None,
+) -> list:
+    """Start ``nproc_per_node`` processes on this node, each calling
+    ``fn(local_rank, *args, **kwargs_dict)`` inside an initialized job.
+
+    Args:
+        backend: as for :func:`polydist.initialize` (None: nccl with CUDA, else gloo).
+        fn: a module-level (picklable) function; processes start with the
+            ``spawn`` method, so it must be importable.
+        nnodes, node_rank, master_addr, master_port: multi-node jobs: run
+            ``spawn`` on each node with its ``node_rank`` and node 0's address.
+            Single-node jobs need none of them (a free loopback port is used).
+        init_method: passed to :func:`polydist.initialize`.
+        timeout: collective timeout, seconds or ``timedelta``, passed to
+            :func:`polydist.initialize`: a collective that waits longer raises
+            :class:`~polydist.CollectiveTimeoutError` naming the ranks that did
+            not arrive, which fails the job. None: ``$POLYDIST_TIMEOUT``, else
+            PyTorch's default.
+
+    Returns:
+        The return values of ``fn`` on this node, by local rank.
+
+    Raises:
+        WorkerFailedError: a process raised, exited non-zero or died; the
+            others were stopped (SIGTERM, then SIGKILL after 5 s); the message
+            names the failed ranks and shows their tracebacks (for
+            ``sys.exit(n)``, where it was called). On a 2-vCPU machine it is
+            raised 0.1 s (a killed rank) to 0.8 s (a rank that raised) after
+            the failure (``benchmarks/failure_latency.py``).
+        ValueError: bad sizes, or multi-node without master address/port.
+
+    Source: idist ``spawn``, on ``torch.distributed.launcher`` instead of
+    ``torch.multiprocessing.spawn``.
+    """
+    init = {"init_method": init_method, "timeout": timeout}
+    results = launch(
+        _spawned,
+        (fn, tuple(args), dict(kwargs_dict or {}), backend, init, os.getpid()),
+        nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
+    return [results[rank] for rank in sorted(results)]
+
+
+class Parallel:
+    """Context manager that runs a function on every rank, however the job was launched.
+
+    ``with Parallel(backend="gloo", nproc_per_node=4) as p: p.run(fn, *args)``
+    spawns 4 processes (as :func:`spawn`) and calls ``fn(local_rank, *args)``.
+    Without ``nproc_per_node`` it joins the job this process is already in
+    (``polydist run``, torchrun, ...) — or runs serially — and calls
+    ``fn(local_rank, *args, **kwargs)`` here, finalizing on exit.
+    ``timeout=`` (among ``spawn_kwargs``) is the collective timeout, in
+    seconds, in both cases (see :func:`spawn`).
+
+    Source: idist ``Parallel``.
+    """
+
+    def __init__(
+        self,
+        backend: Optional[str] = None,
+        nproc_per_node: Optional[int] = None,
+        nnodes: Optional[int] = None,
+        node_rank: Optional[int] = None,
+        master_addr: Optional[str] = None,
+        master_port: Optional[int] = None,
+        init_method: Optional[str] = None,
+        **spawn_kwargs: Any,
+    ) -> None:
+        self.backend = backend
+        self.spawn_kwargs = dict(
+            nnodes=nnodes or 1,
+            node_rank=node_rank or 0,
+            master_addr=master_addr,
+            master_port=master_port,
+            init_method=init_method,
+            **spawn_kwargs,
+        )
+        self.nproc_per_node = nproc_per_node
+        if nproc_per_node is not None:
+            _check_positive("nproc_per_node", nproc_per_node)
+
+    def __enter__(self) -> "Parallel":
+        if self.nproc_per_node is None:
+            init = {"timeout": self.spawn_kwargs.get("timeout")}
+            if self.spawn_kwargs["init_method"]:
+                init["init_method"] = self.spawn_kwargs["init_method"]
+            context.initialize(self.backend, **init)
+        return self
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn(local_rank, *args, **kwargs)`` on every rank; see the class docstring.
+
+        Returns the list of this node's return values when spawning, else this
+        rank's return value.
+        """
+        if self.nproc_per_node is None:
+            return fn(context.get_local_rank(), *args, **kwargs)
+        return spawn(self.backend, fn, args, kwargs, self.nproc_per_node, **self.spawn_kwargs)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.nproc_per_node is None:
+            context.finalize()

@@ -1,0 +1,86 @@
+"""Worker-side entry of ``polydist run``: run the user's script as ``__main__``.
+
+Wrapped in torch elastic's ``@record`` so that an uncaught exception (or a
+non-zero ``sys.exit``) is written to the agent's error file and the launcher
+can show the failing rank's traceback. The worker dies with its launcher
+(``$POLYDIST_LAUNCHER_PID``), even one killed with SIGKILL. Usage (by the
+launcher only): ``python -m polydist.launch.worker SCRIPT [ARGS...]`` or ``python -m
+polydist.launch.worker -m MODULE [ARGS...]``.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ..backends.mpi4py import job as mpi_job
+from ..environment import detect
+from .elastic import die_with_parent, worker_errors, worker_setup
+from .. import settings
+from .mpiexec import mark_done, prefix_output, record_pid
+
+
+
+@record
+def main() -> None:
+    argv = sys.argv[1:]
+    if settings.FAILURE_DIR.read():  # started by polydist run under mpiexec
+        die_with_parent()  # the parent is mpiexec's proxy, which ends the ranks itself when it can
+        worker_setup()
+        _run_under_mpi(argv)
+        return
+    die_with_parent(settings.LAUNCHER_PID.read())  # polydist run: the parent every worker must outlive
+    worker_setup()
+    try:
+        with worker_errors():
+            _run(argv)
+    finally:
+        # torch's excepthook prefixes tracebacks with "[rankN]"; the launcher already
+        # prefixes every line, so keep Python's own hook and print them once.
+        sys.excepthook = sys.__excepthook__
+
+
+def _run_under_mpi(argv: list) -> None:
+    """Run the script as an MPI rank: prefixed output, and any failure aborts the whole job.
+
+    mpiexec merges the ranks' output, so each rank prefixes its own lines
+    (Python-level writes). An uncaught exception or a non-zero ``sys.exit``
+    calls ``MPI_Abort`` — otherwise the other ranks would wait forever in
+    their next collective.
+    """
+    rank = detect().rank
+    record_pid(rank)  # lets polydist run name this rank if it is killed (no traceback then)
+    if settings.PREFIX_OUTPUT.read():
+        prefix_output(f"[rank{rank}]: ")
+    sys.excepthook = sys.__excepthook__
+    mpi_job.install_abort_hook()
+    try:
+        _run(argv)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            print(f"polydist: rank {rank} exited with code {exc.code}; aborting the MPI job", file=sys.stderr)
+            mpi_job.record_failure(rank, traceback.format_exc())  # where sys.exit was called
+            mpi_job.abort(exc.code if isinstance(exc.code, int) else 1)
+        mark_done(rank)
+        raise
+    mark_done(rank)  # this rank's exit is not a failure, whenever the others end
+
+
+def _run(argv: list) -> None:
+    if argv[0] == "-m":
+        module, rest = argv[1], argv[2:]
+        sys.argv = [module, *rest]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        script, rest = argv[0], argv[1:]
+        sys.argv = [script, *rest]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

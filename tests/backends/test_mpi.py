@@ -1,0 +1,420 @@
+"""The mpi4py backend (issue 4): torch.distributed's own API and DDP on stock wheels, mpi://, abort on failure.
+
+polydist's collectives run on MPI in every collective test file (the world
+fixtures are parametrized gloo/mpi); this file checks what is specific to the
+backend: each ProcessGroup method through the plain ``torch.distributed`` API,
+futures, non-blocking point-to-point, DDP, and jobs under ``mpiexec``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _world import mpiexec
+from conftest import ROOT, _mpi_missing
+
+pytestmark = [pytest.mark.timeout(150), pytest.mark.skipif(bool(_mpi_missing()), reason=_mpi_missing() or "-")]
+
+
+# ------------------------------------------------------------ the torch.distributed API on mpi4py
+
+
+def _reductions():
+    r, n = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for op in ("SUM", "PRODUCT", "MIN", "MAX", "AVG"):
+        t = torch.tensor([r + 1.0, -(r + 2.0), 0.5 * r])
+        dist.all_reduce(t, getattr(dist.ReduceOp, op))
+        out[f"f32-{op}"] = t
+    i = torch.tensor([r + 1, 2**40 + r], dtype=torch.int64)
+    dist.all_reduce(i)
+    out["i64-SUM"] = i
+    b = torch.tensor([r == 0, True, False])
+    dist.all_reduce(b, dist.ReduceOp.MIN)
+    out["bool-MIN"] = b.clone()
+    b = torch.tensor([r == 0, True, False])
+    dist.all_reduce(b, dist.ReduceOp.MAX)
+    out["bool-MAX"] = b
+    for dtype in (torch.bfloat16, torch.float16):
+        h = torch.full((4,), 1.0 + r / 3, dtype=dtype)
+        dist.all_reduce(h, dist.ReduceOp.AVG)
+        out[f"{dtype}-AVG"] = h
+    c = torch.tensor([complex(r, 1)], dtype=torch.complex64)
+    dist.all_reduce(c)
+    out["c64-SUM"] = c
+    x = torch.full((5,), float(r + 1))
+    dist.reduce(x, dst=1)
+    out["reduce"] = x  # 1+2+3 on rank 1, untouched elsewhere
+    y = torch.arange(2.0 * n) * (r + 1)
+    o = torch.empty(2)
+    dist.reduce_scatter_single(o, y)
+    out["reduce_scatter_single"] = o
+    o2 = torch.empty(2)
+    dist.reduce_scatter(o2, list((torch.arange(2.0 * n) * (r + 1)).chunk(n)))
+    out["reduce_scatter"] = o2
+    ts = [torch.full((2,), float(r)), torch.full((3,), float(r))]
+    dist.all_reduce_coalesced(ts)
+    out["coalesced"] = ts
+    return out
+
+
+def test_torch_reductions(mpi_world3):
+    n = 3
+    for r, out in enumerate(mpi_world3.run(_reductions)):
+        vals = [torch.tensor([k + 1.0, -(k + 2.0), 0.5 * k]) for k in range(n)]
+        assert torch.equal(out["f32-SUM"], sum(vals))
+        assert torch.equal(out["f32-PRODUCT"], vals[0] * vals[1] * vals[2])
+        assert torch.equal(out["f32-MIN"], torch.stack(vals).min(0).values)
+        assert torch.equal(out["f32-MAX"], torch.stack(vals).max(0).values)
+        assert torch.allclose(out["f32-AVG"], sum(vals) / n)
+        assert out["i64-SUM"].tolist() == [6, 3 * 2**40 + 3]  # exact beyond float precision
+        assert out["bool-MIN"].tolist() == [False, True, False]
+        assert out["bool-MAX"].tolist() == [True, True, False]
+        for dtype in (torch.bfloat16, torch.float16):
+            # reduced in float32 and rounded once
+            exact = sum(torch.tensor(1.0 + k / 3, dtype=dtype).float() for k in range(n)) / n
+            assert out[f"{dtype}-AVG"].dtype == dtype
+            assert torch.equal(out[f"{dtype}-AVG"], torch.full((4,), exact.item()).to(dtype))
+        assert out["c64-SUM"].tolist() == [complex(3, 3)]
+        assert out["reduce"].tolist() == ([6.0] * 5 if r == 1 else [float(r + 1)] * 5)
+        total = torch.arange(2.0 * n) * 6
+        assert torch.equal(out["reduce_scatter_single"], total[2 * r : 2 * r + 2])
+        assert torch.equal(out["reduce_scatter"], total[2 * r : 2 * r + 2])
+        assert out["coalesced"][0].tolist() == [3.0, 3.0] and out["coalesced"][1].tolist() == [3.0] * 3
+
+
+def _movement():
+    r, n = dist.get_rank(), dist.get_world_size()
+    out = {}
+    b = torch.arange(4, dtype=torch.bfloat16) if r == 2 else torch.zeros(4, dtype=torch.bfloat16)
+    dist.broadcast(b, src=2)
+    out["broadcast"] = b
+    g = [torch.empty(2, dtype=torch.int16) for _ in range(n)]
+    dist.all_gather(g, torch.full((2,), r, dtype=torch.int16))
+    out["all_gather"] = g
+    t = torch.empty(3 * n)
+    dist.all_gather_single(t, torch.full((3,), float(r)))
+    out["all_gather_single"] = t
+    gl = [torch.empty(2) for _ in range(n)] if r == 2 else None
+    dist.gather(torch.full((2,), float(r)), gl, dst=2)
+    out["gather"] = gl
+    s = torch.empty(2)
+    dist.scatter(s, [torch.full((2,), 10.0 + k) for k in range(n)] if r == 1 else None, src=1)
+    out["scatter"] = s
+    # all_to_all with lists of different lengths: rank r sends k+1 items to rank k
+    outs = [torch.empty(r + 1) for _ in range(n)]
+    dist.all_to_all(outs, [torch.full((k + 1,), float(10 * r + k)) for k in range(n)])
+    out["all_to_all"] = outs
+    # all_to_all_single with uneven splits: rank r sends k+1 rows to rank k, receives r+1 rows from each
+    inp = torch.cat([torch.full((k + 1, 2), float(10 * r + k)) for k in range(n)])
+    res = torch.empty(n * (r + 1), 2)
+    dist.all_to_all_single(res, inp, output_split_sizes=[r + 1] * n, input_split_sizes=[k + 1 for k in range(n)])
+    out["all_to_all_single"] = res
+    eq = torch.empty(n)
+    dist.all_to_all_single(eq, torch.arange(float(n)) + 10 * r)
+    out["all_to_all_single_equal"] = eq
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": r, "text": "ünï"})
+    out["all_gather_object"] = objs
+    lst = [{"from": r}]
+    dist.broadcast_object_list(lst, src=1)
+    out["broadcast_object_list"] = lst
+    sub = dist.new_group([0, 2])
+    if r in (0, 2):
+        v = torch.tensor([float(r)])
+        dist.all_reduce(v, group=sub)
+        out["subgroup"] = v.item()
+    dist.barrier()
+    return out
+
+
+def test_torch_data_movement(mpi_world3):
+    n = 3
+    for r, out in enumerate(mpi_world3.run(_movement)):
+        assert out["broadcast"].tolist() == [0, 1, 2, 3] and out["broadcast"].dtype == torch.bfloat16
+        assert [x.tolist() for x in out["all_gather"]] == [[k, k] for k in range(n)]
+        assert out["all_gather_single"].tolist() == [float(k) for k in range(n) for _ in range(3)]
+        assert out["gather"] is None if r != 2 else [x.tolist() for x in out["gather"]] == [[0.0] * 2, [1.0] * 2, [2.0] * 2]
+        assert out["scatter"].tolist() == [10.0 + r] * 2
+        assert [x.tolist() for x in out["all_to_all"]] == [[float(10 * k + r)] * (r + 1) for k in range(n)]
+        expect = torch.cat([torch.full((r + 1, 2), float(10 * k + r)) for k in range(n)])
+        assert torch.equal(out["all_to_all_single"], expect)
+        assert out["all_to_all_single_equal"].tolist() == [float(10 * k + r) for k in range(n)]
+        assert out["all_gather_object"] == [{"rank": k, "text": "ünï"} for k in range(n)]
+        assert out["broadcast_object_list"] == [{"from": 1}]
+        assert out.get("subgroup") == (2.0 if r in (0, 2) else None)
+
+
+def _p2p():
+    r, n = dist.get_rank(), dist.get_world_size()
+    out = {}
+    # A ring of 4 MiB messages: blocking sends would deadlock, isend cannot.
+    big = torch.full((1 << 20,), float(r))
+    got = torch.empty_like(big)
+    w = dist.isend(big, (r + 1) % n)
+    dist.recv(got, (r - 1) % n)
+    w.wait()
+    out["ring"] = got[0].item()
+    # The future of an isend completes without wait(): rank 1 receives late.
+    dist.barrier()
+    if r == 0:
+        fut = dist.isend(torch.full((1 << 20,), 7.0), 1).get_future()
+        deadline = time.monotonic() + 20
+        while not fut.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        out["future_done"] = fut.done()
+    elif r == 1:
+        time.sleep(0.3)
+        late = torch.empty(1 << 20)
+        dist.recv(late, 0)
+        out["late"] = late[-1].item()
+    dist.barrier()
+    # recv from any source reports the sender
+    if r == 2:
+        anywhere = torch.empty(1)
+        out["sender"] = dist.recv(anywhere)
+        out["any"] = anywhere.item()
+    elif r == 0:
+        dist.send(torch.tensor([42.0]), 2)
+    # batch_isend_irecv ring
+    send, recv = torch.tensor([float(r)]), torch.empty(1)
+    ops = [dist.P2POp(dist.isend, send, (r + 1) % n), dist.P2POp(dist.irecv, recv, (r - 1) % n)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    out["batch"] = recv.item()
+    # async collectives: the work's future holds the tensors (DDP's comm hooks read it)
+    t = torch.ones(2)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    out["future_value"] = fut.then(lambda f: f.value()[0] * 2).wait()
+    return out
+
+
+def test_p2p_nonblocking_and_futures(mpi_world3):
+    n = 3
+    for r, out in enumerate(mpi_world3.run(_p2p)):
+        assert out["ring"] == float((r - 1) % n)
+        if r == 0:
+            assert out["future_done"] is True
+        if r == 1:
+            assert out["late"] == 7.0
+        if r == 2:
+            assert (out["sender"], out["any"]) == (0, 42.0)
+        assert out["batch"] == float((r - 1) % n)
+        assert out["future_value"].tolist() == [6.0, 6.0]
+
+
+def _bad_calls():
+    errors = {}
+    for name, call in {
+        "avg_int": lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), dist.ReduceOp.AVG),
+        "xor_float": lambda: dist.all_reduce(torch.ones(2), dist.ReduceOp.BXOR),
+        "max_complex": lambda: dist.all_reduce(torch.ones(2, dtype=torch.complex64), dist.ReduceOp.MAX),
+        "split_sizes": lambda: dist.all_to_all_single(torch.empty(3), torch.empty(3), [1, 1, 2], [1, 1, 1]),
+    }.items():
+        try:
+            call()
+            errors[name] = None
+        except (TypeError, ValueError) as exc:  # op x dtype: TypeError, as polydist's own collectives raise
+            errors[name] = f"{type(exc).__name__}: {exc}"
+    dist.barrier()  # nothing was sent: the group is still in step
+    return errors
+
+
+def test_bad_calls_raise_before_communicating(mpi_world3):
+    for errors in mpi_world3.run(_bad_calls):
+        assert errors["avg_int"].startswith("TypeError") and "AVG" in errors["avg_int"] and "int32" in errors["avg_int"]
+        assert errors["xor_float"].startswith("TypeError") and "XOR" in errors["xor_float"]
+        assert "MAX" in errors["max_complex"] and "complex" in errors["max_complex"]  # torch's own check comes first
+        assert errors["split_sizes"].startswith("ValueError") and "[1, 1, 2]" in errors["split_sizes"]
+
+
+def _ddp_steps():
+    import copy
+
+    torch.manual_seed(0)  # same initial model everywhere (DDP also broadcasts it)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    reference = copy.deepcopy(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    n = dist.get_world_size()
+    gens = [torch.Generator().manual_seed(100 + k) for k in range(n)]  # rank k's data stream
+
+    def loss_of(net, x):
+        return ((net(x) - x.sum(1, keepdim=True)) ** 2).mean()
+
+    for _ in range(5):
+        batches = [torch.randn(16, 8, generator=g) for g in gens]
+        opt.zero_grad()
+        loss_of(ddp, batches[dist.get_rank()]).backward()  # DDP averages gradients over ranks
+        opt.step()
+        ref_opt.zero_grad()  # serial reference: the gradient of the mean of every rank's loss
+        (sum(loss_of(reference, x) for x in batches) / n).backward()
+        ref_opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return flat, torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
+
+
+def test_ddp_keeps_replicas_identical(mpi_world3):
+    results = mpi_world3.run(_ddp_steps)
+    params = [p for p, _ in results]
+    assert all(torch.equal(params[0], p) for p in params[1:])
+    assert torch.allclose(params[0], results[0][1], atol=1e-5)  # and equal to averaged-gradient SGD
+    assert not torch.allclose(params[0], _ddp_initial(), atol=1e-3)  # it did train
+
+
+def _ddp_initial():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _cuda_call():
+    try:
+        dist.all_reduce(torch.ones(1, device="cuda"))
+    except ValueError as exc:
+        return str(exc)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensor_rejected(mpi_world3):  # pragma: no cover - CI has no GPU
+    assert all("CPU tensors only" in e for e in mpi_world3.run(_cuda_call))
+
+
+# ------------------------------------------------------------ jobs under mpiexec
+
+
+def _mpi_env(cli_env):
+    env = {k: v for k, v in cli_env.items() if not k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "POLYDIST_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _mpiexec(n, code, env, timeout=90):
+    return subprocess.run(
+        [mpiexec(), "-n", str(n), sys.executable, "-c", textwrap.dedent(code)],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_plain_mpiexec_with_ddp_on_stock_wheel(cli_env):
+    """The issue's "done when": mpiexec -n 3 python -c "import polydist; polydist.initialize('mpi'); ..." with DDP."""
+    code = """
+        import sys, torch, torch.distributed as dist, polydist
+        assert not dist.is_mpi_available()  # a stock wheel
+        polydist.initialize("mpi")
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        model(torch.randn(8, 4) * (polydist.get_rank() + 1)).sum().backward()
+        grads = polydist.all_gather(model.module.weight.grad.reshape(1, -1))
+        same = all(torch.equal(grads[0], g) for g in grads)
+        # one write per line: mpiexec merges the ranks' unbuffered output
+        sys.stdout.write(f"rank {polydist.get_rank()}/{polydist.get_world_size()} {polydist.backend()} "
+                         f"local {polydist.get_local_rank()} same {same}\\n")
+        polydist.finalize()
+    """
+    out = _mpiexec(3, code, _mpi_env(cli_env))
+    assert out.returncode == 0, out.stderr
+    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {r}/3 mpi4py local {r} same True" for r in range(3)]
+
+
+def test_gloo_under_mpiexec_needs_no_master_address(cli_env):
+    code = """
+        import sys, polydist
+        polydist.initialize("gloo")  # rendezvous through mpi://, no MASTER_ADDR/PORT
+        sys.stdout.write(f"sum {polydist.all_reduce(polydist.get_rank() + 1)} {polydist.backend()}\\n")
+    """
+    env = _mpi_env(cli_env)
+    assert "MASTER_ADDR" not in env
+    out = _mpiexec(2, code, env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("sum 3 gloo") == 2
+
+
+def test_uncaught_exception_aborts_the_mpi_job(cli_env):
+    code = """
+        import time, polydist
+        polydist.initialize("mpi")
+        if polydist.get_rank() == 1:
+            raise RuntimeError("rank one fails")
+        polydist.barrier()  # would wait forever for rank 1 without the abort
+    """
+    start = time.monotonic()
+    out = _mpiexec(3, code, _mpi_env(cli_env), timeout=60)
+    assert out.returncode != 0
+    assert "rank 1 raised an uncaught exception" in out.stderr and "rank one fails" in out.stderr
+    assert time.monotonic() - start < 45
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "job.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            import sys, polydist
+            polydist.initialize()
+            print("rank", polydist.get_rank(), "of", polydist.get_world_size(), polydist.backend(), flush=True)
+            total = polydist.all_reduce(polydist.get_rank() + 1)
+            if sys.argv[1:] == ["raise"] and polydist.get_rank() == 1:
+                raise KeyError("bad key on rank 1")
+            if sys.argv[1:] == ["exit"] and polydist.get_rank() == 0:
+                sys.exit(3)
+            polydist.barrier()
+            print("total", total, flush=True)
+            """
+        )
+    )
+    return str(path)
+
+
+def _polydist_run(script, args, env):
+    command = [sys.executable, "-m", "polydist", "run", "--backend", "mpi", "--nproc-per-node", "2", script, *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=90, cwd=ROOT)
+
+
+def test_polydist_run_backend_mpi(script, cli_env):
+    out = _polydist_run(script, [], _mpi_env(cli_env))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert sorted(line for line in lines if "of 2" in line) == [f"[rank{r}]: rank {r} of 2 mpi4py" for r in range(2)]
+    assert sorted(line for line in lines if "total" in line) == ["[rank0]: total 3", "[rank1]: total 3"]
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_polydist_run_backend_mpi_reports_the_failing_rank(script, cli_env, how):
+    start = time.monotonic()
+    out = _polydist_run(script, [how], _mpi_env(cli_env))
+    assert out.returncode == 1
+    if how == "raise":
+        assert "rank 1 failed first" in out.stderr and "KeyError: 'bad key on rank 1'" in out.stderr
+    else:
+        assert "rank 0 failed first" in out.stderr and "SystemExit: 3" in out.stderr
+    assert "total" not in out.stdout  # the surviving rank was stopped in its barrier
+    assert time.monotonic() - start < 60
+
+
+def test_mpi_without_mpi4py_names_the_fix(monkeypatch):
+    from polydist import join
+    from polydist.backends import mpi4py as backend
+
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: False)
+    monkeypatch.setattr(backend, "register", lambda: False)
+    with pytest.raises(ValueError, match="pip install mpi4py mpich"):
+        join.resolve_backend("mpi")
+    monkeypatch.undo()
+    assert join.resolve_backend("MPI") == ("mpi" if dist.is_mpi_available() else "mpi4py")
+
+
+def test_mpi4py_not_imported_by_polydist_import(cli_env):
+    """Registering the backend must not start MPI (importing mpi4py.MPI calls MPI_Init)."""
+    code = "import sys, polydist; print('mpi4py.MPI' in sys.modules, 'mpi4py' in __import__('torch').distributed.Backend.backend_list)"
+    out = subprocess.run([sys.executable, "-c", code], env=cli_env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["False", "True"], out.stderr

@@ -1,0 +1,115 @@
+"""A rank that sends hostile or corrupt frames: the receivers raise a ValueError naming it, and the group stays usable.
+
+Rank 1 plays the hostile peer: it takes part in the collective's first round
+with raw ``torch.distributed`` calls carrying a crafted slot (a memory bomb,
+a payload that is not msgpack, a declared size no machine holds, an unknown
+failure code), exactly as a corrupted or malicious process could. Runs on gloo
+and on the mpi4py backend (the ``world2`` fixture).
+"""
+
+import msgpack
+import pytest
+import torch
+import torch.distributed as dist
+
+import polydist as pd
+from polydist._torch import all_gather_single
+from polydist.collectives import frames
+
+pytestmark = pytest.mark.timeout(240)
+
+SLOT = frames.slot_size(2)
+_VALUE_MAGIC = 0x70645631  # polydist.collectives.p2p's value frame
+
+# The issue's 21-byte memory bomb: a float32 tensor of shape [32768, 32768] with no data (4 GiB if believed).
+BOMB = msgpack.packb(
+    msgpack.ExtType(7, msgpack.packb(["float32", [32768, 32768], b""], use_bin_type=True)), use_bin_type=True
+)
+HOSTILE = {
+    "bomb": (BOMB, None),
+    "garbage": (b"\xc1\xc1\xc1", None),  # 0xc1 is never valid msgpack
+    "old_nested_tuples": (None, None),  # filled below
+    "huge_length": (b"", 2**62),
+    "unknown_failure_code": (b"", -7),
+}
+_nested = msgpack.packb(1)
+for _ in range(300):  # the issue's crash: 300 tuple extensions nested in each other
+    _nested = msgpack.packb(msgpack.ExtType(1, _nested))
+HOSTILE["old_nested_tuples"] = (_nested, None)
+
+
+def _slot(kind: str, aux: int = 0) -> torch.Tensor:
+    payload, length = HOSTILE[kind]
+    slot = frames.make_slot(payload, aux=aux, size=SLOT)
+    if length is not None:
+        slot[:8] = length.to_bytes(8, "little", signed=True)
+    return torch.frombuffer(slot, dtype=torch.uint8).clone()
+
+
+def _error_of(call):
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the test reports the type
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def _usable() -> float:
+    return pd.all_reduce(torch.ones(1)).item()
+
+
+def _hostile_all_gather(kind):
+    if pd.get_rank() == 1:
+        all_gather_single(torch.empty(2 * SLOT, dtype=torch.uint8), _slot(kind))
+        return None, _usable()
+    return _error_of(lambda: pd.all_gather({"metrics": 1.0})), _usable()
+
+
+def _hostile_broadcast(kind):
+    if pd.get_rank() == 1:
+        dist.broadcast(_slot(kind), src=1)
+        return None, _usable()
+    return _error_of(lambda: pd.broadcast(None, src=1)), _usable()
+
+
+def _hostile_send(kind):
+    if pd.get_rank() == 1:
+        dist.send(_slot(kind, aux=_VALUE_MAGIC), dst=0)
+        return None, _usable()
+    return _error_of(lambda: pd.recv(None, src=1)), _usable()
+
+
+def _hostile_all_reduce_number(kind):
+    if pd.get_rank() == 1:
+        all_gather_single(torch.empty(2 * SLOT, dtype=torch.uint8), _slot(kind))
+        return None, _usable()
+    return _error_of(lambda: pd.all_reduce(3)), _usable()
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+@pytest.mark.parametrize(
+    "scenario", [_hostile_all_gather, _hostile_broadcast, _hostile_send, _hostile_all_reduce_number], ids=lambda f: f.__name__[9:]
+)
+def test_receiver_names_the_hostile_rank_and_the_group_survives(world2, scenario, kind):
+    (error, after), (_, after_hostile) = world2.run(scenario, kind)
+    assert error is not None, f"rank 0 accepted a {kind} frame"
+    name, message = error
+    assert name == "ValueError", error
+    assert "rank 1" in message, message
+    assert after == after_hostile == 2.0
+
+
+def _tensor_header_lies():
+    """A debug-mode tensor header whose shape declares more than any machine holds: refused before allocating."""
+    if pd.get_rank() == 1:
+        header = msgpack.packb(["float32", [2**40, 2**20]], use_bin_type=True)
+        slot = frames.make_slot(header, aux=0x70645431, size=frames.PAIR_SLOT)  # p2p's tensor-header magic
+        dist.send(torch.frombuffer(slot, dtype=torch.uint8).clone(), dst=0)
+        return None, _usable()
+    return _error_of(lambda: pd.recv(None, src=1)), _usable()
+
+
+def test_tensor_header_beyond_memory_is_refused(world2):
+    (error, after), (_, after_hostile) = world2.run(_tensor_header_lies)
+    assert error is not None and error[0] == "ValueError" and "rank 1" in error[1], error
+    assert after == after_hostile == 2.0

@@ -1,0 +1,158 @@
+"""Context: serial mode, queries in a world, adoption of a user-made group, finalize."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import polydist as pd
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# ------------------------------------------------------------ serial (this pytest process, no group)
+
+
+def test_serial_queries():
+    assert not dist.is_initialized()
+    pd.initialize()  # no launcher, nothing asked: stays serial
+    assert not pd.is_initialized() and pd.backend() is None
+    assert (pd.get_rank(), pd.get_world_size(), pd.get_local_rank()) == (0, 1, 0)
+    assert (pd.get_nproc_per_node(), pd.get_nnodes(), pd.get_node_rank()) == (1, 1, 0)
+    assert pd.is_main_process() and pd.device() == torch.device("cpu")
+    assert "gloo" in pd.available_backends()
+    pd.finalize()
+
+
+def test_serial_collectives_return_input_values():
+    t = torch.arange(3.0)
+    assert pd.all_reduce(t) is t and t.tolist() == [0.0, 1.0, 2.0]
+    assert pd.all_reduce(5) == 5 and pd.all_reduce(2**80) == 2**80 and pd.all_reduce(3, op="avg") == 3.0
+    assert pd.broadcast(t) is t and pd.broadcast("héllo") == "héllo" and pd.broadcast((1, [2])) == (1, [2])
+    assert pd.all_gather(1.5) == [1.5] and pd.all_gather("s") == ["s"]
+    assert pd.all_gather(torch.tensor(2.0)).tolist() == [2.0]
+    assert pd.all_gather(t, concat=False)[0] is t
+    pd.barrier()
+    with pytest.raises(ValueError, match="src=1"):
+        pd.broadcast(t, src=1)
+    with pytest.raises(ValueError, match="'bogus'"):
+        pd.all_reduce(t, op="bogus")
+    with pytest.raises(TypeError, match="Foo"):
+        pd.all_gather(type("Foo", (), {})())
+
+
+def test_show_config_prints(capsys):
+    config = pd.show_config()
+    printed = capsys.readouterr().out
+    assert config["world_size"] == 1 and "world_size" in printed and "backend" in printed
+
+
+def test_initialize_gloo_world_of_one_and_finalize_keeps_env(monkeypatch):
+    monkeypatch.setenv("MY_SETTING", "keep me")
+    before = dict(os.environ)
+    pd.initialize("gloo")
+    try:
+        assert pd.backend() == "gloo" and pd.get_world_size() == 1
+        t = torch.ones(2)
+        assert pd.all_reduce(t).tolist() == [1.0, 1.0]
+    finally:
+        pd.finalize()
+    assert not dist.is_initialized()
+    assert dict(os.environ) == before  # nothing added, nothing wiped
+
+
+def test_initialize_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="'nosuch'"):
+        pd.initialize("nosuch")
+    with pytest.raises(ValueError, match="timeout"):
+        pd.initialize("gloo", timeout=-1)
+    with pytest.raises(ValueError, match="world_size=2 but no way to rendezvous"):
+        pd.initialize("gloo", rank=0, world_size=2)
+    assert not dist.is_initialized()
+
+
+def test_collective_in_launched_process_without_initialize_errors():
+    code = "import polydist as pd\ntry:\n    pd.all_reduce(1)\nexcept pd.NotInitializedError as e:\n    print('ERR', e)"
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert "ERR this process is rank 1 of 2" in out.stdout and "initialize()" in out.stdout
+
+
+# ------------------------------------------------------------ in a polydist world
+
+
+def _queries():
+    return (pd.get_rank(), pd.get_world_size(), pd.get_local_rank(), pd.get_nproc_per_node(), pd.get_nnodes(),
+            pd.get_node_rank(), pd.is_main_process(), pd.backend(), str(pd.device()), pd.hostname())
+
+
+def test_queries_in_world(world3):
+    results = world3.run(_queries)
+    for rank, (r, ws, lr, nproc, nnodes, node, main, backend, device, host) in enumerate(results):
+        # The world was started with explicit ranks and no launcher variables: the
+        # layout comes from the host-name exchange at initialize().
+        assert (r, ws, lr, nproc, nnodes, node) == (rank, 3, rank, 3, 1, 0)
+        assert main == (rank == 0) and device == "cpu"
+        assert backend == ("mpi4py" if world3.how == "mpi" else "gloo")  # "mpi" on a stock wheel is mpi4py
+        assert host == results[0][-1]
+
+
+# ------------------------------------------------------------ a group the user created
+
+
+def _adopt():
+    r = dist.get_rank()
+    before = pd.is_initialized()
+    total = pd.all_reduce(torch.tensor([r + 1.0])).item()
+    value = pd.broadcast("ünïcode" if r == 0 else None, src=0)
+    pd.initialize("gloo")  # explicit adoption: allowed, keeps the group
+    try:
+        pd.initialize("nccl")
+        mismatch = None
+    except ValueError as exc:
+        mismatch = str(exc)
+    pd.finalize()  # adopted: must not destroy the user's group
+    still = dist.is_initialized()
+    after = pd.all_reduce(1)
+    return before, total, value, mismatch, still, after, pd.get_world_size()
+
+
+def test_user_group_is_adopted_and_left_alone(torch_world2):
+    for before, total, value, mismatch, still, after, ws in torch_world2.run(_adopt):
+        assert before is True  # adopted on first sight
+        assert total == 3.0 and value == "ünïcode"
+        assert "already exists" in mismatch
+        assert still and after == 2 and ws == 2
+
+
+def test_multinode_gloo_warns_when_the_host_name_is_loopback(monkeypatch):
+    """gloo would offer 127.0.1.1 to the other nodes and fail after a long wait: say so before."""
+    import socket
+    import warnings
+
+    from polydist import join
+    from polydist.environment import ProcessInfo
+
+    real = socket.gethostbyname
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1" if name == socket.gethostname() else real(name))
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    info = ProcessInfo(launcher="polydist", rank=0, world_size=4, local_rank=0, local_world_size=2, node_rank=0,
+                       nnodes=2, master_addr="192.0.2.1", master_port=29500)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 29500))
+    except OSError:
+        pytest.skip("no route to a non-local address on this machine")
+    with pytest.warns(RuntimeWarning, match="GLOO_SOCKET_IFNAME"):
+        join._warn_if_gloo_offers_loopback("gloo", info)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+        join._warn_if_gloo_offers_loopback("gloo", info)  # the user chose an interface
+        monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+        join._warn_if_gloo_offers_loopback("gloo", dataclasses.replace(info, master_addr="127.0.0.1"))  # one host
+        join._warn_if_gloo_offers_loopback("nccl", info)
