@@ -23,7 +23,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# The codec fuzz tests with a long budget (5,000 examples per property; make test runs 150).
+# The codec fuzz tests with a long budget (50,000 examples per property, about 5 minutes; make test runs 150).
 fuzz: $(STAMP)
 	$(BIN)/python -m pytest tests/unit/test_codec_fuzz.py --hypothesis-profile=long -p no:cacheprovider
 

@@ -3,8 +3,13 @@ import os
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from _world import World, WorldPool, mpiexec
+
+# The codec fuzz tests' budgets (tests/unit/test_codec_fuzz.py): make test runs "default", make fuzz "long".
+settings.register_profile("default", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("long", max_examples=50000, deadline=None, suppress_health_check=list(HealthCheck))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import pathlib
 import pickle
+import re
 import reprlib
 from typing import Any, Optional
 
@@ -188,8 +189,13 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+# What ``np.dtype(...).str`` gives for every plain dtype ("<f4", "|b1", "<U3", "<M8[ns]"); anything else
+# (comma lists, tuples, field specs) is refused before NumPy parses it.
+_NP_DTYPE_STR = re.compile(r"[<>|=][a-zA-Z][0-9]{0,6}(\[[0-9]*[a-zA-Z]{1,3}\])?")
+
+
 def _np_dtype(spec: Any) -> np.dtype:
-    if not isinstance(spec, str) or len(spec) > 16:  # a plain dtype string ("<f4", "|b1", "<M8[ns]")
+    if not isinstance(spec, str) or not _NP_DTYPE_STR.fullmatch(spec):
         raise ValueError(f"payload names a malformed NumPy dtype {reprlib.repr(spec)}")
     dtype = np.dtype(spec)
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:

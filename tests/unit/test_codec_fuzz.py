@@ -2,7 +2,8 @@
 decodes or raises ValueError, in a child process with a memory limit and a timeout.
 
 Budget: the ``default`` profile runs in ``make test``; ``make fuzz`` runs the
-``long`` profile (``--hypothesis-profile=long``).
+``long`` profile (``--hypothesis-profile=long``); both are registered in
+``tests/conftest.py``, where Hypothesis's plugin finds them at start-up.
 """
 
 import os
@@ -13,13 +14,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from polydist import codec
 
-settings.register_profile("default", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("long", max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck))
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_decode_child.py")
 ANSWER_TIMEOUT_S = 20.0

@@ -61,6 +61,8 @@ def test_empty_tensor_needs_no_data():
         (8, ["|O", [1], b"\0" * 8], []),  # object arrays are refused
         (8, ["(1000000,)f8", [1], b""], []),  # sub-array dtypes are refused
         (8, [{"names": ["a"]}, [1], b""], ["dtype"]),
+        (8, [",f4", [1], b"\0" * 4], ["dtype"]),  # found by make fuzz: NumPy's parser raised SyntaxError
+        (9, ["f4,f4", b"\0" * 8], ["dtype"]),
         (9, ["<f4", b""], ["carries 0"]),  # used to raise IndexError
         (9, ["<f4", b"\0" * 5], ["carries 5"]),
         (4, ["1", 2.0], ["two floats"]),
