@@ -215,13 +215,15 @@ def _no_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"payload nests extension type {code} where none belongs")
 
 
-def _map(pairs: list) -> Any:
-    if len(pairs) == 1 and isinstance(pairs[0][0], _Marker):
-        marker, items = pairs[0]
-        if not isinstance(items, list):
-            raise ValueError("a tuple/set marker must hold a list")
-        return marker.build(items)
-    return dict(pairs)
+def _map(d: dict) -> Any:
+    if len(d) != 1:
+        return d
+    ((marker, items),) = d.items()
+    if type(marker) is not _Marker:
+        return d
+    if not isinstance(items, list):
+        raise ValueError("a tuple/set marker must hold a list")
+    return marker.build(items)
 
 
 class _Decoder:
@@ -231,7 +233,7 @@ class _Decoder:
 
     def unpack(self, data: bytes) -> Any:
         return msgpack.unpackb(
-            data, ext_hook=self.ext, object_pairs_hook=_map, raw=False, strict_map_key=False, use_list=True
+            data, ext_hook=self.ext, object_hook=_map, raw=False, strict_map_key=False, use_list=True
         )
 
     def ext(self, code: int, data: bytes) -> Any:
