@@ -13,6 +13,9 @@ settings.register_profile("long", max_examples=50000, deadline=None, suppress_he
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# ignite's own test files: run by tests/third_party/test_ignite_suite.py in their own pytest, not collected here.
+collect_ignore = ["third_party/ignite"]
+
 
 @pytest.fixture(scope="session")
 def world_pool():

@@ -6,16 +6,17 @@ runs unchanged). README.md describes the API and its semantics.
 
 from .backends import mpi4py as _mpi4py_backend
 from .collectives.broadcast import barrier, broadcast
-from .collectives.gather import all_gather, gather
+from .collectives.gather import all_gather, all_gather_tensors_with_shapes, gather
 from .collectives.p2p import irecv, isend, recv, send
 from .collectives.reduce import all_reduce, reduce, reduce_scatter
 from .collectives.scatter import all_to_all, scatter
 from .collectives.work import Work
 from .context import available_backends, backend, device, finalize, get_local_rank, get_nnodes, get_node_rank
 from .context import get_nproc_per_node, get_rank, get_world_size, hostname, initialize, is_initialized
-from .context import is_main_process, show_config
+from .context import has_hvd_support, has_native_dist_support, has_xla_support, is_main_process, model_name
+from .context import registered_computation_models, set_local_rank, show_config, sync
 from .errors import CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError, PolydistError
-from .errors import WorkerFailedError
+from .errors import InvalidGroupError, WorkerFailedError
 from .groups import new_group
 from .helpers import one_rank_first, one_rank_only
 from .launch import Parallel, spawn
@@ -30,13 +31,14 @@ _mpi4py_backend.register()  # backend "mpi4py" and init method mpi:// (MPI itsel
 __all__ = [
     "initialize", "finalize", "is_initialized", "get_rank", "get_world_size", "get_local_rank",  # context
     "get_nproc_per_node", "get_nnodes", "get_node_rank", "is_main_process", "backend", "device", "hostname",
-    "available_backends", "show_config",
+    "available_backends", "show_config", "set_local_rank", "model_name", "sync", "registered_computation_models",
+    "has_native_dist_support", "has_xla_support", "has_hvd_support",
     "spawn", "Parallel",  # launching
     "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter",  # collectives
-    "all_to_all", "barrier", "send", "recv", "isend", "irecv", "Work", "new_group",
+    "all_to_all", "all_gather_tensors_with_shapes", "barrier", "send", "recv", "isend", "irecv", "Work", "new_group",
     "one_rank_only", "one_rank_first",  # helpers
     "auto_model", "auto_optim", "auto_dataloader", "DistributedProxySampler",  # training
     "set_debug", "is_debug", "set_allow_pickle",  # settings
     "PolydistError", "NotInitializedError", "CollectiveMismatchError",  # errors
-    "CollectiveTimeoutError", "WorkerFailedError",
+    "CollectiveTimeoutError", "WorkerFailedError", "InvalidGroupError",
 ]  # fmt: skip

@@ -14,6 +14,8 @@ variables, so :func:`finalize` has nothing of the user's to undo.
 from __future__ import annotations
 
 import atexit
+import gc
+import importlib.util
 import socket
 import time
 from datetime import timedelta
@@ -44,9 +46,21 @@ __all__ = [
     "hostname",
     "available_backends",
     "show_config",
+    "set_local_rank",
+    "model_name",
+    "sync",
+    "registered_computation_models",
+    "has_native_dist_support",
+    "has_xla_support",
+    "has_hvd_support",
 ]
 
 _world: Optional[World] = None  # the live world's state; see world()
+_local_rank_hint: Optional[int] = None  # set_local_rank(), for user-made groups without LOCAL_RANK
+
+has_native_dist_support: bool = dist.is_available()  # ignite's flags, under its names
+has_xla_support: bool = importlib.util.find_spec("torch_xla") is not None
+has_hvd_support: bool = importlib.util.find_spec("horovod") is not None
 
 
 # ---------------------------------------------------------------- set-up
@@ -75,7 +89,10 @@ def initialize(
             "nccl" when CUDA is visible, else "gloo".
         init_method: a ``torch.distributed`` init method URL (``env://``,
             ``tcp://host:port``, ``file:///path``). ``None`` uses ``env://``
-            when a launcher exported ``MASTER_ADDR``/``MASTER_PORT``.
+            when a launcher exported ``MASTER_ADDR``/``MASTER_PORT``; without
+            them, ranks whose launcher set ``RANK``/``WORLD_SIZE`` on one node
+            meet at 127.0.0.1:15000 (rank 0's store on loopback), as
+            ``ignite.distributed`` does.
         timeout: collective timeout, seconds (float) or ``timedelta``: how
             long a collective waits for the other ranks before raising
             :class:`~polydist.CollectiveTimeoutError`, which names the ranks
@@ -106,8 +123,8 @@ def initialize(
         ValueError: unknown or unavailable ``backend``; a backend different
             from that of an existing group; a bad ``timeout`` or
             ``$POLYDIST_TIMEOUT``; ``world_size``
-            > 1 with no way to rendezvous (no ``init_method``, no
-            ``MASTER_ADDR``/``MASTER_PORT``).
+            > 1 on several nodes with no way to rendezvous (no
+            ``init_method``, no ``MASTER_ADDR``/``MASTER_PORT``).
     """
     td = join.as_timedelta(timeout)
     state = world()
@@ -161,6 +178,7 @@ def _finalize_at_exit() -> None:
     global _world
     if _world is None:
         return
+    gc.collect()  # a DDP model is often cyclic garbage by now: free it, and its reference to the group, here
     if _world.owns_group:
         finalize()
     _world = None
@@ -258,8 +276,55 @@ def _layout() -> Layout:
 
 
 def get_local_rank() -> int:
-    """Rank of this process among the processes on its node (0 when serial)."""
+    """Rank of this process among the processes on its node (0 when serial).
+
+    In a group the user created without a launcher's ``LOCAL_RANK``, the
+    value given to :func:`set_local_rank` if any, else a single-node guess.
+    """
+    state = world()
+    if state is not None and not state.layout_known and _local_rank_hint is not None:
+        return _local_rank_hint
     return _layout().local_rank
+
+
+def set_local_rank(index: int) -> None:
+    """Tell polydist this process's local rank, for a group the user created without ``LOCAL_RANK`` set.
+
+    A launcher's ``LOCAL_RANK`` still wins. Source: ``ignite.distributed.set_local_rank``.
+
+    Raises:
+        ValueError: ``index`` not a non-negative int.
+    """
+    global _local_rank_hint
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"set_local_rank takes a non-negative int, got {index!r}")
+    _local_rank_hint = index
+
+
+def model_name() -> str:
+    """``"native-dist"`` inside a torch.distributed process group (any backend), else ``"serial"``.
+
+    Source: ``ignite.distributed.model_name`` (whose other names, "xla-dist"
+    and "horovod-dist", name backends polydist does not run on).
+    """
+    return "native-dist" if world() is not None else "serial"
+
+
+def sync(temporary: bool = False) -> None:
+    """Adopt a process group the user created with ``torch.distributed`` (ignite's ``idist.sync``).
+
+    polydist adopts such a group by itself at the next call, so this is only
+    needed by code written for ignite; ``temporary`` is accepted and ignored.
+    """
+    world()
+
+
+def registered_computation_models() -> list:
+    """The kinds of world polydist runs in, by ignite's names: ``["serial", "native-dist"]``.
+
+    ignite returns its internal model classes; no user code needs those.
+    """
+    return ["serial", "native-dist"]
 
 
 def get_nproc_per_node() -> int:

@@ -8,6 +8,7 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "WorkerFailedError",
+    "InvalidGroupError",
 ]
 
 
@@ -77,3 +78,12 @@ class WorkerFailedError(PolydistError):
         super().__init__(message)
         self.failures = dict(failures)
         self.root_rank = root_rank
+
+
+class InvalidGroupError(TypeError, ValueError):
+    """A ``group`` argument, or a rank list, of the wrong type.
+
+    A ``TypeError`` as in torch.distributed, and a ``ValueError`` as in
+    ``ignite.distributed`` (which raises that for a bad group), so an
+    ``except`` written for either catches it.
+    """

@@ -27,6 +27,7 @@ from . import _torch
 from ._state import World
 from .backends.mpi4py import MPIProcessGroup
 from .context import comm_device, require_group, world
+from .errors import InvalidGroupError
 
 __all__ = ["GroupLike", "Resolved", "resolve", "new_group", "NON_MEMBER"]
 
@@ -84,14 +85,23 @@ class Resolved:
         return f"<group {list(self.ranks)} ({self.backend}), #{self.seq} on rank {self.rank}>"
 
 
-def _check_ranks(ranks: Any, world_size: int) -> tuple[int, ...]:
-    """``ranks`` sorted, or ``TypeError``/``ValueError`` naming the bad rank."""
+def _check_rank_types(ranks: Any) -> None:
+    # ignite.distributed's wording first ("Argument ranks should be list of int"), then polydist's
     if not isinstance(ranks, (list, tuple, range)):
-        raise TypeError(f"group must be None, a ProcessGroup or a list of ranks, got {type(ranks).__name__}")
-    out = []
+        raise InvalidGroupError(
+            f"Argument ranks should be list of int, but given {type(ranks).__name__}: "
+            "a group is None, a ProcessGroup or a list of global ranks"
+        )
     for r in ranks:
         if isinstance(r, bool) or not isinstance(r, int):
-            raise TypeError(f"group ranks must be ints, got {r!r} in {list(ranks)}")
+            raise InvalidGroupError(f"Argument ranks should be list of int: group ranks must be ints, got {r!r} in {list(ranks)}")
+
+
+def _check_ranks(ranks: Any, world_size: int) -> tuple[int, ...]:
+    """``ranks`` sorted, or ``TypeError``/``ValueError`` naming the bad rank."""
+    _check_rank_types(ranks)
+    out = []
+    for r in ranks:
         if not 0 <= r < world_size:
             raise ValueError(f"rank {r} in group {list(ranks)} is outside the world of size {world_size}")
         out.append(r)
@@ -123,16 +133,17 @@ def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup",
     Raises:
         TypeError: a rank that is not an int.
         ValueError: a rank outside the world, a repeated rank, an empty list.
-        NotInitializedError: launched but no process group yet; a serial run
-            (no group) gets ``None`` back, the world.
+        NotInitializedError: launched but no process group yet. A serial run
+            (no group) gets ``ranks`` back as a list, as from
+            ``ignite.distributed.new_group``; collectives take it as ``group=``.
 
     Source: ``torch.distributed.new_group`` (PyTorch docs, "Groups").
     """
     state = world()
     if state is None:
         require_group()  # raises in a launched job without a group
-        _check_ranks(ranks, 1)
-        return None  # type: ignore[return-value]  # serial: the only group is the world
+        _check_rank_types(ranks)
+        return list(ranks)  # type: ignore[return-value]  # serial: the list itself, as ignite (group= takes lists)
     key = _check_ranks(ranks, state.size)
     if state.rank not in key:
         return NON_MEMBER
@@ -169,7 +180,10 @@ def resolve(state: World, group: GroupLike) -> Optional[Resolved]:
     elif group == NON_MEMBER and not isinstance(group, bool):
         return None
     else:
-        raise TypeError(f"group must be None, a ProcessGroup or a list of ranks, got {type(group).__name__}")
+        raise InvalidGroupError(  # ignite.distributed's wording first
+            f"Argument group should be list of int or ProcessGroup, but given {type(group).__name__}: "
+            f"group must be None, a ProcessGroup or a list of ranks, got {type(group).__name__}"
+        )
     try:
         found = state.resolved.get(key, state)  # the state itself: "not seen yet" (None means "not a member")
     except TypeError:  # an unhashable item in a rank list

@@ -28,7 +28,8 @@ def _check_rank_type(rank: Any) -> None:
 
 def _check_in_world(rank: int, world: int) -> None:
     if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is out of range for the world size {world}")
+        # ignite.distributed's wording first, so code matching its messages keeps working
+        raise ValueError(f"rank should be between 0 and {world - 1}, but given {rank}: rank {rank} is out of range for the world size {world}")
 
 
 def one_rank_only(rank: int = 0, with_barrier: bool = False) -> Callable[[F], F]:
@@ -119,6 +120,8 @@ def one_rank_first(rank: int = 0, local: bool = False) -> Iterator[None]:
     """
     _check_rank_type(rank)
     world = get_world_size()
+    if not local:
+        _check_in_world(rank, world)  # bad input first, before anything else can fail
     if require_group() is None or world == 1:
         _check_in_world(rank, world)
         yield

@@ -43,6 +43,7 @@ Timeout = Union[float, int, timedelta, None]
 # Joining waits for every rank to start (seconds each, on a loaded machine), so a short
 # collective timeout is applied only once the group exists (gloo and nccl can change it).
 JOIN_TIMEOUT_FLOOR = timedelta(minutes=2)
+SINGLE_NODE_PORT = 15000  # ignite.distributed's default when RANK/WORLD_SIZE come without MASTER_ADDR/MASTER_PORT
 
 
 def as_timedelta(timeout: Timeout) -> Optional[timedelta]:
@@ -69,7 +70,7 @@ def resolve_backend(name: Optional[str]) -> str:
     lowered = name.lower()
     known = {b.lower() for b in dist.Backend.backend_list} | {"mpi"}
     if lowered not in known:
-        raise ValueError(f"unknown backend {name!r}; available here: {', '.join(available_backends())}")
+        raise ValueError(f"Unknown backend {name!r}. Available backends: {', '.join(available_backends())}")
     if lowered == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs CUDA devices, and none is visible to this process")
     if lowered == "mpi" and not dist.is_mpi_available():
@@ -179,6 +180,7 @@ def group_kwargs(
         if rank is not None or world_size is not None:
             group_kwargs.update(rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size)
         return group_kwargs
+    launched = info.is_distributed and rank is None and world_size is None  # rank and size from a launcher
     rank = info.rank if rank is None else rank
     world_size = info.world_size if world_size is None else world_size
     if not 0 <= rank < world_size:
@@ -193,6 +195,10 @@ def group_kwargs(
         group_kwargs["init_method"] = "env://" if exported else f"tcp://{info.master_addr}:{info.master_port}"
     elif world_size == 1:
         group_kwargs["store"] = dist.HashStore()  # nothing to meet: no port, no file
+    elif launched and (info.nnodes or 1) == 1:
+        # Launched ranks without an address to meet at, on one node: ignite.distributed's
+        # default, 127.0.0.1:15000 (a fixed port, so two such jobs on one host collide, as there).
+        group_kwargs["_loopback_port"] = SINGLE_NODE_PORT
     else:
         raise ValueError(
             f"world_size={world_size} but no way to rendezvous: pass init_method "
@@ -241,6 +247,15 @@ def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
 def create(group_kwargs: dict, info: ProcessInfo) -> Optional[timedelta]:
     """Create the default group from :func:`group_kwargs`; return the collective timeout it applied."""
     td = group_kwargs.pop("_collective_timeout", None)
+    port = group_kwargs.pop("_loopback_port", None)
+    if port is not None:  # rank 0 serves the store on loopback only, the others connect to it
+        wait = group_kwargs.get("timeout", JOIN_TIMEOUT_FLOOR)
+        size = group_kwargs["world_size"]
+        group_kwargs["store"] = (
+            _torch.loopback_store_server(size, wait, port)
+            if group_kwargs["rank"] == 0
+            else dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=wait)
+        )
     _warn_if_gloo_offers_loopback(group_kwargs["backend"], info)
     dist.init_process_group(**group_kwargs)
     if td is not None and td != group_kwargs["timeout"]:

@@ -61,8 +61,8 @@ def resolve_op(op: OpLike) -> str:
             _SEEN[op] = _CANONICAL[_NAMES[op.upper()]]
             return _SEEN[op]
         except KeyError:
-            raise ValueError(
-                f"unknown reduce op {op!r}; expected one of "
+            raise ValueError(  # ignite.distributed's wording first
+                f"Unsupported reduction operation: {op!r}; expected one of "
                 "'SUM', 'PRODUCT', 'MIN', 'MAX', 'AVG', 'AND', 'OR', 'XOR' (any case)"
             ) from None
     red_type = getattr(op, "op", op)  # a ReduceOp instance wraps its RedOpType

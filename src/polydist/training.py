@@ -220,10 +220,13 @@ class DistributedProxySampler(_AutoEpoch, DistributedSampler):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
+        # ignite.distributed's messages, so code matching them keeps working
         if isinstance(sampler, DistributedSampler):
-            raise TypeError(f"sampler must not be a DistributedSampler already, got {type(sampler).__name__}")
-        if not (hasattr(sampler, "__iter__") and hasattr(sampler, "__len__")):
-            raise TypeError(f"sampler must have __iter__ and __len__, got {type(sampler).__name__}")
+            raise TypeError(f"Argument sampler must not be a distributed sampler already, got {type(sampler).__name__}")
+        if not hasattr(sampler, "__iter__"):
+            raise TypeError(f"Argument sampler should be instance of torch Sampler, but given: {type(sampler).__name__}")
+        if not hasattr(sampler, "__len__"):
+            raise TypeError(f"Argument sampler should have length (__len__), but given: {type(sampler).__name__}")
         num_replicas = get_world_size() if num_replicas is None else num_replicas
         rank = get_rank() if rank is None else rank
         if num_replicas < 1:
@@ -280,17 +283,21 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
       ``max(1, batch_size // W)`` samples per batch; when W does not divide
       it, a ``UserWarning`` gives the resulting global batch. Absent, the
       DataLoader default of 1 per rank applies.
-    * ``num_workers`` is the budget of a **node**: each process gets
-      ``ceil(num_workers / nproc_per_node)`` loader workers (0 stays 0), so
-      a node runs about as many workers as one process would have.
+    * ``num_workers`` is the budget of a **node**: when it is at least
+      ``nproc_per_node``, each process gets ``ceil(num_workers /
+      nproc_per_node)`` loader workers, so a node runs about as many workers
+      as one process would have; a smaller budget is kept per process (as
+      idist: dividing it would leave processes without workers).
     * No ``sampler``: a ``DistributedSampler`` (``shuffle`` as given, default
-      False as for DataLoader; ``drop_last`` passed on; seed ``seed`` or 0).
+      True as for ``DistributedSampler`` and idist — pass ``shuffle=False``
+      for evaluation; ``drop_last`` passed on; seed ``seed`` or 0).
       Rank ``r`` gets entries ``r, r+W, ...`` of the epoch's order, padded
       by wrapping so all ranks get equally many samples and batches. A
       ``shuffle=False`` (evaluation) loader keeps the data set's order and
       its ranks together cover every sample (padding repeats a few).
     * A ``DistributedSampler`` of the user's: used as it is, epochs included
-      (the user calls ``set_epoch``, as with plain DDP).
+      (the user calls ``set_epoch``, as with plain DDP); a ``UserWarning``
+      when its ``rank`` or ``num_replicas`` is not this process's.
     * Another ``sampler``: wrapped in :class:`DistributedProxySampler`.
     * ``batch_sampler``: used as it is, with a ``UserWarning`` (it must
       already split the data across ranks); ``IterableDataset``: no sampler
@@ -305,9 +312,10 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
     numbering continues from there — one call when resuming at epoch ``e``.
 
     ``seed`` (keyword-only, polydist): with a seed, the distributed samplers
-    are used at every world size, serial included (W = 1), so a run's data
-    order does not depend on W and a run resumed on another world size sees
-    the same epochs; without one, a serial run gets a plain DataLoader.
+    are used at every world size, serial included (W = 1, where ``shuffle``
+    then also defaults to True), so a run's data order does not depend on W
+    and a run resumed on another world size sees the same epochs; without
+    one, a serial run gets a plain DataLoader (``shuffle`` default False).
 
     At any world size: ``pin_memory`` defaults to True when
     :func:`polydist.device` is CUDA and is forced to False otherwise
@@ -319,19 +327,18 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
     for bad arguments; :class:`polydist.NotInitializedError` when launched on
     several ranks without a process group.
 
-    Source: idist ``auto_dataloader``. Differences: ``shuffle`` defaults to
-    False also when distributed (idist: True there, False serially); epochs
-    advance without ``set_epoch``; ``seed``; a batch_size below W gives 1 per
-    rank instead of W times the intended global batch; persistent workers only
-    with workers (idist sets them always, which DataLoader rejects with 0).
+    Source: idist ``auto_dataloader``. Differences: epochs advance without
+    ``set_epoch``; ``seed``; a batch_size below W gives 1 per rank instead of
+    W times the intended global batch; persistent workers only with workers
+    (idist sets them always, which DataLoader rejects with 0).
     """
     world = get_world_size() if require_group() is not None else 1
     rank = get_rank()
     if world > 1:
         if kwargs.get("batch_size") is not None and "batch_sampler" not in kwargs:
             kwargs["batch_size"] = _per_rank_batch(kwargs["batch_size"], world)
-        if kwargs.get("num_workers"):
-            nproc = get_nproc_per_node()
+        nproc = get_nproc_per_node()
+        if kwargs.get("num_workers", 0) >= nproc:
             kwargs["num_workers"] = -(-kwargs["num_workers"] // nproc)
     if kwargs.get("num_workers"):
         kwargs.setdefault("persistent_workers", True)
@@ -339,16 +346,26 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
 
     if "batch_sampler" in kwargs:
         if world > 1:
-            warnings.warn(
-                "auto_dataloader: batch_sampler is used as it is; it must split the data across ranks", stacklevel=2
+            warnings.warn(  # ignite.distributed's wording
+                "Found batch_sampler in provided kwargs. Please, make sure that it is compatible "
+                "with distributed configuration: it is used as it is, so it must split the data across ranks",
+                stacklevel=2,
             )
         return DataLoader(dataset, **kwargs)
     if isinstance(dataset, IterableDataset) or (world == 1 and seed is None):
         return DataLoader(dataset, **kwargs)
 
     sampler = kwargs.get("sampler")
+    if isinstance(sampler, DistributedSampler):  # ignite.distributed's warnings, word for word
+        if sampler.rank != rank:
+            warnings.warn(f"Found distributed sampler with rank={sampler.rank}, but process rank is {rank}", stacklevel=2)
+        if sampler.num_replicas != world:
+            warnings.warn(
+                f"Found distributed sampler with num_replicas={sampler.num_replicas}, but world size is {world}",
+                stacklevel=2,
+            )
     if sampler is None:
-        shuffle = bool(kwargs.pop("shuffle", False))
+        shuffle = bool(kwargs.pop("shuffle", True))
         drop_last = bool(kwargs.get("drop_last", False))
         if not hasattr(dataset, "__len__"):
             raise TypeError(f"auto_dataloader needs a dataset with __len__ or an IterableDataset, got {type(dataset)}")

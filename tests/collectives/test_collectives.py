@@ -132,7 +132,7 @@ def test_bad_arguments_raise_before_communication(world2):
         assert errors[3].startswith("TypeError") and "1.5" in errors[3]
         assert errors[4].startswith("TypeError") and "str" in errors[4]
         assert errors[5].startswith("ValueError") and "rank 7" in errors[5]
-        assert errors[6].startswith("TypeError") and "str" in errors[6]
+        assert errors[6].startswith("InvalidGroupError") and "str" in errors[6]  # a TypeError and a ValueError
         assert total == 2.0
 
 

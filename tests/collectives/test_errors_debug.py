@@ -95,9 +95,9 @@ def _validation_cases(r, n):
         "reduce_none": (lambda: pd.reduce(None), TypeError, ["NoneType"]),
         "reduce_scatter_list": (lambda: pd.reduce_scatter([t]), TypeError, ["list"]),
         "reduce_scatter_0dim": (lambda: pd.reduce_scatter(torch.tensor(1.0)), ValueError, ["0-dim"]),
-        "group_type": (lambda: pd.all_reduce(t, group="world"), TypeError, ["str"]),
+        "group_type": (lambda: pd.all_reduce(t, group="world"), pd.InvalidGroupError, ["str"]),
         "group_rank_range": (lambda: pd.all_gather(t, group=[0, 9]), ValueError, ["9"]),
-        "group_rank_type": (lambda: pd.all_reduce(t, group=[0, "1"]), TypeError, ["'1'"]),
+        "group_rank_type": (lambda: pd.all_reduce(t, group=[0, "1"]), pd.InvalidGroupError, ["'1'"]),
         "group_duplicates": (lambda: pd.broadcast(t, group=[0, 0]), ValueError, ["[0, 0]"]),
         # A rank outside the group is no error but a no-op (torch.distributed's rule): tests/core/test_world_state.py.
     }

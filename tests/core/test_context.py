@@ -156,3 +156,77 @@ def test_multinode_gloo_warns_when_the_host_name_is_loopback(monkeypatch):
         monkeypatch.delenv("GLOO_SOCKET_IFNAME")
         join._warn_if_gloo_offers_loopback("gloo", dataclasses.replace(info, master_addr="127.0.0.1"))  # one host
         join._warn_if_gloo_offers_loopback("nccl", info)
+
+
+# ------------------------------------------------------------ ignite.distributed's names (issue 12)
+
+
+def test_ignite_names_serially():
+    assert pd.model_name() == "serial" and pd.registered_computation_models() == ["serial", "native-dist"]
+    assert pd.has_native_dist_support is True and pd.has_xla_support is False
+    assert isinstance(pd.has_hvd_support, bool)
+    t = torch.arange(6.0).view(2, 3)
+    assert pd.all_gather_tensors_with_shapes(t, [[2, 3]])[0] is t
+    with pytest.raises(ValueError, match=r"shapes\[0\] is \[3, 2\]"):
+        pd.all_gather_tensors_with_shapes(t, [(3, 2)])
+    with pytest.raises(ValueError, match="2 shapes for a group of 1"):
+        pd.all_gather_tensors_with_shapes(t, [(2, 3), (2, 3)])
+    with pytest.raises(ValueError, match="non-negative int"):
+        pd.set_local_rank(-1)
+    pd.sync()  # nothing to adopt: stays serial
+    assert pd.model_name() == "serial"
+
+
+def _ignite_names_in_group():
+    r, n = pd.get_rank(), pd.get_world_size()
+    mine = torch.full((r + 1, 2), float(r))
+    got = pd.all_gather_tensors_with_shapes(mine, [(i + 1, 2) for i in range(n)])
+    sub = pd.all_gather_tensors_with_shapes(mine, [(1, 2), (2, 2)], group=[0, 1])
+    return pd.model_name(), [t.tolist() for t in got], [t.shape[0] for t in sub]
+
+
+def test_ignite_names_in_a_group(world3):
+    for rank, (name, got, sub) in enumerate(world3.run(_ignite_names_in_group)):
+        assert name == "native-dist"
+        assert got == [[[float(i)] * 2] * (i + 1) for i in range(3)]
+        assert sub == ([1, 2] if rank < 2 else [3])  # rank 2 is not in [0, 1]: its own tensor back, as ignite
+
+
+def test_bad_group_is_both_type_and_value_error():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for call in (lambda: pd.all_reduce(torch.ones(1), group="abc"), lambda: pd.new_group(["a", "b"])):
+            with pytest.raises(ValueError):
+                call()
+            with pytest.raises(TypeError):
+                call()
+            with pytest.raises(pd.InvalidGroupError):
+                call()
+    finally:
+        dist.destroy_process_group()
+
+
+WITHOUT_MASTER = """
+import os, torch, polydist as pd
+pd.initialize("gloo")
+assert pd.get_world_size() == 2 and pd.all_reduce(torch.ones(1)).item() == 2.0
+print("ok", pd.get_rank())
+pd.finalize()
+"""
+
+
+def test_launched_ranks_without_master_meet_on_loopback_15000(cli_env, tmp_path):
+    """RANK/WORLD_SIZE/LOCAL_RANK without MASTER_ADDR/MASTER_PORT on one node: idist's 127.0.0.1:15000."""
+    script = tmp_path / "job.py"
+    script.write_text(WITHOUT_MASTER)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env=dict(cli_env, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r)),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=150) for p in procs]
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and out.strip() == f"ok {r}", out + err

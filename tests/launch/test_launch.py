@@ -52,7 +52,7 @@ def test_parallel_without_nproc_runs_here_serially():
 
 
 def test_spawn_rejects_bad_sizes():
-    with pytest.raises(ValueError, match="nproc_per_node must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="nproc_per_node should positive, but given 0: nproc_per_node must be a positive int"):
         pd.spawn("gloo", _spawned, nproc_per_node=0)
     with pytest.raises(ValueError, match="master_addr and master_port"):
         pd.spawn("gloo", _spawned, nnodes=2, node_rank=0)
@@ -130,3 +130,22 @@ def test_user_environment_reaches_workers_untouched(script, cli_env, tmp_path):
     out = _run(["polydist", "run", "--nproc-per-node", "2", str(probe)], {**cli_env, "MY_VAR": "x y"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("VAL x y") == 2
+
+
+def test_parallel_rejects_at_construction_as_idist():
+    """ignite's own test_parallel_wrong_inputs (v0.5.5), plus an absent horovod, all before any process starts."""
+    cases = [
+        (dict(backend="abc"), r"Unknown backend 'abc'. Available backends:"),
+        (dict(nnodes=2), r"If backend is None, argument 'nnodes' should be also None"),
+        (dict(backend="gloo", nproc_per_node=-1), r"Argument nproc_per_node should positive"),
+        (dict(backend="gloo", nproc_per_node=1, nnodes=-1), r"Argument nnodes should positive"),
+        (dict(backend="gloo", nproc_per_node=1, nnodes=2), r"If number of nodes larger than one"),
+        (dict(backend="gloo", nproc_per_node=1, nnodes=2, node_rank=2), r"Argument node_rank should be between 0 and"),
+        (dict(backend="gloo", nproc_per_node=1, nnodes=2, node_rank=1), r"arguments master_addr and master_port"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            pd.Parallel(**kwargs)
+    if not pd.has_hvd_support:
+        with pytest.raises(ValueError, match="Unknown backend 'horovod'"):
+            pd.spawn("horovod", _spawned, nproc_per_node=2)

@@ -148,7 +148,7 @@ def _on_loader_settings(batch_size):
 def test_auto_dataloader_splits_global_batch_and_workers(world3):
     for batch_size, warned in ((63, False), (64, True)):
         for per_rank, workers, persistent, pinned, sampler, nproc, msgs in world3.run(_on_loader_settings, batch_size):
-            assert per_rank == 21 and workers == -(-4 // nproc) and persistent and not pinned
+            assert per_rank == 21 and workers == (-(-4 // nproc) if 4 >= nproc else 4) and persistent and not pinned
             assert sampler == "_EpochSampler"
             assert bool(msgs) == warned
             if warned:
@@ -157,7 +157,7 @@ def test_auto_dataloader_splits_global_batch_and_workers(world3):
 
 
 def _on_eval_loader():
-    loader = auto_dataloader(TensorDataset(torch.arange(10)), batch_size=6)  # shuffle defaults to False
+    loader = auto_dataloader(TensorDataset(torch.arange(10)), batch_size=6, shuffle=False)  # evaluation
     return _numbers(loader), _numbers(loader), len(loader)
 
 
@@ -364,3 +364,27 @@ def test_rank_helpers_serial():
     with pytest.raises(ValueError, match="rank 2"):
         with one_rank_first(rank=2):
             pass
+
+
+# ------------------------------------------------------------ auto_dataloader as idist (issue 12)
+
+
+def _on_idist_defaults():
+    ds = TensorDataset(torch.arange(42))
+    shuffled = _numbers(auto_dataloader(ds, batch_size=3))  # no shuffle given: shuffled, as idist
+    ordered = _numbers(auto_dataloader(ds, batch_size=3, shuffle=False))
+    _, wrong = _recording(auto_dataloader, ds, sampler=DistributedSampler(ds, num_replicas=5, rank=4))
+    mine = DistributedSampler(ds, num_replicas=pd.get_world_size(), rank=pd.get_rank())
+    _, right = _recording(auto_dataloader, ds, sampler=mine)
+    workers = auto_dataloader(ds, batch_size=3, num_workers=2).num_workers  # 2 < nproc_per_node 3: kept
+    return shuffled, ordered, wrong, right, workers
+
+
+def test_auto_dataloader_follows_idist_defaults(world3):
+    for rank, (shuffled, ordered, wrong, right, workers) in enumerate(world3.run(_on_idist_defaults)):
+        assert ordered == list(range(rank, 42, 3)) and shuffled != ordered
+        assert sorted(shuffled) == sorted(set(shuffled)) and len(shuffled) == len(ordered)
+        assert any(f"Found distributed sampler with rank=4, but process rank is {rank}" in m for m in wrong), wrong
+        assert any("Found distributed sampler with num_replicas=5, but world size is 3" in m for m in wrong), wrong
+        assert not [m for m in right if "Found distributed sampler" in m]
+        assert workers == 2

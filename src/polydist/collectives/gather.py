@@ -11,7 +11,8 @@ every rank raises the same exception type and none is left waiting.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import reprlib
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -21,10 +22,11 @@ from . import frames
 from .layout import Layout, as_bytes, offsets_of, read_meta, tensor_meta
 from .pipeline import Collective, done, finish
 from .._torch import all_gather_single
-from ..groups import GroupLike, Resolved
+from ..context import world
+from ..groups import GroupLike, Resolved, resolve
 from .debug import describe_tensor
 
-__all__ = ["all_gather", "gather"]
+__all__ = ["all_gather", "all_gather_tensors_with_shapes", "gather"]
 
 def _ranks(res: Resolved, items: list) -> str:
     return ", ".join(f"rank {r}: {item}" for r, item in zip(res.ranks, items))
@@ -142,6 +144,59 @@ def _all_gather_body(res: Resolved, x: Any, concat: bool, allow_pickle: Optional
 
 
 _ALL_GATHER = Collective("all_gather", _all_gather_body, _serial_gather, _all_gather_fingerprint)
+
+
+def all_gather_tensors_with_shapes(tensor: torch.Tensor, shapes: Sequence[Sequence[int]], group: GroupLike = None) -> list:
+    """Every group member's ``tensor``, whose shapes all ranks know in advance: ``shapes[i]`` is group rank ``i``'s.
+
+    Args:
+        tensor: this rank's tensor, any dtype, shape ``shapes[group rank]``,
+            on the backend's device or the CPU.
+        shapes: one shape per group rank, in group-rank order.
+        group: None (the world), a ProcessGroup or a list of global ranks.
+
+    Returns:
+        ``list[Tensor]`` in group-rank order, each of its shape (views into
+        one receive buffer); ``[tensor]`` on a rank outside ``group`` and
+        when serial.
+
+    Raises:
+        TypeError: ``tensor`` is not a tensor, or ``shapes`` not a sequence
+            of int sequences.
+        ValueError: ``len(shapes)`` is not the group size, or this rank's
+            entry is not ``tensor.shape`` (both before communicating); a
+            rank's tensor arrived with another shape than listed.
+
+    Source: ``ignite.distributed.all_gather_tensors_with_shapes``, which pads
+    to the largest shape and needs the same number of dims on every rank;
+    :func:`all_gather` with ``concat=False`` moves any shapes, so this checks
+    the shapes it is given and does that.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"all_gather_tensors_with_shapes takes a tensor, got {type(tensor).__name__}")
+    try:
+        listed = [tuple(int(d) for d in s) for s in shapes]
+    except TypeError:
+        raise TypeError(f"shapes must be a sequence of int sequences, got {reprlib.repr(shapes)}") from None
+    state = world()
+    res = resolve(state, group) if state is not None else None
+    size, me = (res.size, res.group_rank) if res is not None else (1, 0)
+    if state is not None and res is None:
+        return [tensor]  # not a member: as ignite
+    if len(listed) != size:
+        raise ValueError(f"all_gather_tensors_with_shapes: {len(listed)} shapes for a group of {size} ranks")
+    if listed[me] != tuple(tensor.shape):
+        raise ValueError(
+            f"all_gather_tensors_with_shapes: this rank's tensor has shape {list(tensor.shape)}, "
+            f"but shapes[{me}] is {list(listed[me])}"
+        )
+    if res is None:
+        return [tensor]
+    out = all_gather(tensor, group, concat=False)
+    wrong = [(r, list(t.shape), list(s)) for r, t, s in zip(res.ranks, out, listed) if tuple(t.shape) != s]
+    if wrong:
+        raise ValueError(f"all_gather_tensors_with_shapes: tensors arrived with other shapes than listed: {wrong}")
+    return out
 
 
 # ---------------------------------------------------------------- gather

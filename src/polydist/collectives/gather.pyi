@@ -3,7 +3,7 @@
 # list[Any]; gather: None off dst; async_op=True -> Work). Keep in step with the
 # signatures in gather.py.
 
-from typing import Any, Literal, Optional, Union, overload
+from typing import Any, Literal, Optional, Sequence, Union, overload
 
 import torch
 from torch import Tensor
@@ -12,7 +12,7 @@ from ._aliases import _G, _No, _Yes, _P
 from .work import Work
 
 
-__all__ = ["all_gather", "gather"]
+__all__ = ["all_gather", "all_gather_tensors_with_shapes", "gather"]
 
 # ---------------------------------------------------------------- all_gather
 
@@ -28,6 +28,8 @@ def all_gather(tensor: Any, group: _G = ..., *, concat: bool = ..., async_op: _N
 def all_gather(tensor: Any, group: _G = ..., *, concat: bool = ..., async_op: _Yes, allow_pickle: _P = ...) -> Work: ...
 @overload
 def all_gather(tensor: Any, group: _G = ..., *, concat: bool = ..., async_op: bool, allow_pickle: _P = ...) -> Any: ...
+
+def all_gather_tensors_with_shapes(tensor: Tensor, shapes: Sequence[Sequence[int]], group: _G = ...) -> list[Tensor]: ...
 
 # ---------------------------------------------------------------- gather
 

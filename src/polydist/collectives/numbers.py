@@ -39,9 +39,9 @@ def check_number(x: Any, op: str) -> Any:
     if isinstance(x, np.generic) and isinstance(x, (np.number, np.bool_)):
         x = x.item()
     if not isinstance(x, numbers.Number) or not isinstance(x, (bool, int, float, complex)):
-        raise TypeError(
-            "reductions take a tensor, a list of tensors, or a Python number (bool, int, float, complex), "
-            f"got {type(x).__name__}: {reprlib.repr(x)}"
+        raise TypeError(  # ignite.distributed's wording first
+            f"Unhandled input type {type(x).__name__}: reductions take a tensor, a list of tensors, "
+            f"or a Python number (bool, int, float, complex), got {type(x).__name__}: {reprlib.repr(x)}"
         )
     if op in _BITWISE and not isinstance(x, int):  # bool is an int
         raise TypeError(f"reduce op {op} is defined on bool and int values only, got {type(x).__name__} {x!r}")

@@ -48,8 +48,15 @@ RANK_PREFIX = "[rank${rank}]: "
 
 def _check_positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        # ignite.distributed's wording first, so code matching its messages keeps working
+        raise ValueError(f"Argument {name} should positive, but given {value!r}: {name} must be a positive int")
     return value
+
+
+def check_node_rank(node_rank: Any, nnodes: int) -> int:
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
+        raise ValueError(f"Argument node_rank should be between 0 and {nnodes - 1}, but given {node_rank!r}")
+    return node_rank
 
 
 def _config(
@@ -63,8 +70,7 @@ def _config(
 ) -> LaunchConfig:
     _check_positive("nproc_per_node", nproc_per_node)
     _check_positive("nnodes", nnodes)
-    if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
-        raise ValueError(f"node_rank must be in [0, nnodes={nnodes}), got {node_rank!r}")
+    check_node_rank(node_rank, nnodes)
     common = dict(
         min_nodes=nnodes,
         max_nodes=nnodes,

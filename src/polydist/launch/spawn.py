@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional
 
-from .. import context
-from .elastic import _check_positive, die_with_parent, launch, worker_errors, worker_setup
+from .. import context, join
+from .elastic import _check_positive, check_node_rank, die_with_parent, launch, worker_errors, worker_setup
 
 __all__ = ["spawn", "Parallel"]
 
@@ -73,11 +73,14 @@ def spawn(
             ``sys.exit(n)``, where it was called). On a 2-vCPU machine it is
             raised 0.1 s (a killed rank) to 0.8 s (a rank that raised) after
             the failure (``benchmarks/failure_latency.py``).
-        ValueError: bad sizes, or multi-node without master address/port.
+        ValueError: an unknown or unavailable ``backend`` (e.g. "horovod",
+            "nccl" without CUDA), bad sizes, or multi-node without master
+            address/port — all before any process starts.
 
     Source: idist ``spawn``, on ``torch.distributed.launcher`` instead of
     ``torch.multiprocessing.spawn``.
     """
+    join.resolve_backend(backend)  # an unknown or unavailable backend fails here, before any process starts
     init = {"init_method": init_method, "timeout": timeout}
     results = launch(
         _spawned,
@@ -89,6 +92,40 @@ def spawn(
         master_port=master_port,
     )
     return [results[rank] for rank in sorted(results)]
+
+
+def _check_parallel(
+    backend: Optional[str],
+    nproc_per_node: Optional[int],
+    nnodes: Optional[int],
+    node_rank: Optional[int],
+    master_addr: Optional[str],
+    master_port: Optional[int],
+    init_method: Optional[str],
+) -> None:
+    """``ValueError`` at construction for what ``ignite.distributed.Parallel`` rejects there (its messages)."""
+    if backend is None:
+        given = dict(nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
+        for name, value in given.items():
+            if value is not None:
+                raise ValueError(f"If backend is None, argument '{name}' should be also None, but given {value}")
+    else:
+        join.resolve_backend(backend)
+    if nproc_per_node is not None:
+        _check_positive("nproc_per_node", nproc_per_node)
+    if nnodes is not None:
+        _check_positive("nnodes", nnodes)
+    if (nnodes or 1) > 1:
+        if node_rank is None:
+            raise ValueError("If number of nodes larger than one, arguments node_rank should be given")
+        check_node_rank(node_rank, nnodes)
+        if init_method is None and (master_addr is None or master_port is None):
+            raise ValueError(
+                "If number of nodes larger than one, arguments master_addr and master_port or init_method "
+                f"should be specified, but given master_addr={master_addr!r}, master_port={master_port!r}"
+            )
+    elif node_rank is not None:
+        check_node_rank(node_rank, 1)
 
 
 class Parallel:
@@ -116,6 +153,7 @@ class Parallel:
         init_method: Optional[str] = None,
         **spawn_kwargs: Any,
     ) -> None:
+        _check_parallel(backend, nproc_per_node, nnodes, node_rank, master_addr, master_port, init_method)
         self.backend = backend
         self.spawn_kwargs = dict(
             nnodes=nnodes or 1,
@@ -126,8 +164,6 @@ class Parallel:
             **spawn_kwargs,
         )
         self.nproc_per_node = nproc_per_node
-        if nproc_per_node is not None:
-            _check_positive("nproc_per_node", nproc_per_node)
 
     def __enter__(self) -> "Parallel":
         if self.nproc_per_node is None:

@@ -1,0 +1,79 @@
+"""pytest plugin: ignite's own distributed tests, with polydist in place of ``ignite.distributed``.
+
+Loaded with ``-p ignite_swap`` by ``test_ignite_suite.py``. The test files
+under ``ignite/tests`` are shipped unmodified; this plugin rewrites, as each
+of them is imported, only their imports of ``ignite.distributed``:
+
+* ``import ignite.distributed as idist`` → ``import polydist as idist``;
+* ``from ignite.distributed[.auto|.utils|.launcher] import a, _b`` → the
+  public names (``a``) from ``polydist``, the private ones (``_b``: ignite's
+  internals, such as ``_model`` or ``_set_model``) still from ignite.
+
+Everything else, ignite's ``Engine`` and metrics included, stays ignite's.
+With ``IGNITE_SWAP=0`` in the environment nothing is rewritten: ignite's own
+run of the same files, for the side-by-side count.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import re
+import sys
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ignite")
+_FROM = re.compile(r"^(?P<indent>\s*)from ignite\.distributed(?P<sub>\.(?:auto|utils|launcher))? import (?P<names>[^()\n]+)$")
+
+
+def swap(source: str) -> str:
+    out = []
+    for line in source.splitlines():
+        if line.strip() == "import ignite.distributed as idist":
+            line = line.replace("import ignite.distributed as idist", "import polydist as idist")
+        match = _FROM.match(line)
+        if match:
+            names = [n.strip() for n in match["names"].split(",")]
+            public = [n for n in names if not n.startswith("_")]
+            private = [n for n in names if n.startswith("_")]
+            parts = []
+            if public:
+                parts.append(f"from polydist import {', '.join(public)}")
+            if private:
+                parts.append(f"from ignite.distributed{match['sub'] or ''} import {', '.join(private)}")
+            line = match["indent"] + "; ".join(parts)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+class _Loader(importlib.abc.SourceLoader):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def get_filename(self, fullname: str) -> str:
+        return self.path
+
+    def get_data(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            data = f.read()
+        return swap(data.decode("utf-8")).encode("utf-8") if path == self.path else data
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds ``tests.ignite...`` in the shipped copy and loads it through :func:`swap`."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "tests" and not fullname.startswith("tests."):
+            return None
+        base = os.path.join(HERE, *fullname.split("."))
+        for candidate, is_package in ((os.path.join(base, "__init__.py"), True), (base + ".py", False)):
+            if os.path.isfile(candidate):
+                return importlib.util.spec_from_file_location(
+                    fullname, candidate, loader=_Loader(candidate),
+                    submodule_search_locations=[base] if is_package else None,
+                )
+        return None
+
+
+if os.environ.get("IGNITE_SWAP", "1") != "0":  # IGNITE_SWAP=0: ignite's own run of the same files, for comparison
+    sys.meta_path.insert(0, _Finder())
