@@ -176,13 +176,11 @@ def _finalize_at_exit() -> None:
     DDP model's reducer).
     """
     global _world
-    if _world is None:
-        return
     gc.collect()  # a DDP model is often cyclic garbage by now: free it, and its reference to the group, here
-    if _world.owns_group:
+    if _world is not None and _world.owns_group:
         finalize()
     _world = None
-    time.sleep(0.05)
+    time.sleep(0.1)  # also after an explicit finalize(): gloo's workers may still be finishing the last work
 
 
 def finalize() -> None:

@@ -8,6 +8,7 @@ plugin ``ignite_swap`` rewrites only the test files' imports of
 files on ignite itself. Every test must pass or be skipped by ignite's own
 rules, except those listed in ``EXCLUDED`` with the reason.
 
+The side-by-side count (ignite itself vs polydist, both phases): ``python tests/third_party/test_ignite_suite.py``.
 Re-run by hand (from the repository root)::
 
     cd tests/third_party/ignite
@@ -91,3 +92,18 @@ def test_ignite_suite_passes_on_polydist(phase, tmp_path):
     passed = sum(outcome == "passed" for outcome in got.values())
     assert not failed, f"{len(failed)} of ignite's tests failed on polydist: {failed}\n{output}"
     assert passed >= (10 if phase == "serial" else 5), output  # the suite really ran
+
+
+if __name__ == "__main__":  # the side-by-side count: python tests/third_party/test_ignite_suite.py
+    import collections
+    import pathlib
+    import tempfile
+
+    for phase in ("serial", "distributed"):
+        for swap, name in ((False, "ignite"), (True, "polydist")):
+            with tempfile.TemporaryDirectory() as folder:
+                got = _run(phase, swap, pathlib.Path(folder))
+                got.pop("_output")
+                counts = collections.Counter(got.values())
+                print(f"{phase:12} {name:9} " + ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "skipped")))
+    print(f"({len(EXCLUDED)} tests excluded for both, see EXCLUDED)")
