@@ -286,8 +286,8 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
     * ``num_workers`` is the budget of a **node**: when it is at least
       ``nproc_per_node``, each process gets ``ceil(num_workers /
       nproc_per_node)`` loader workers, so a node runs about as many workers
-      as one process would have; a smaller budget is kept per process (as
-      idist: dividing it would leave processes without workers).
+      as one process would have; a smaller budget is kept as it is in every
+      process, as idist does (2 workers on a 4-process node stay 2).
     * No ``sampler``: a ``DistributedSampler`` (``shuffle`` as given, default
       True as for ``DistributedSampler`` and idist — pass ``shuffle=False``
       for evaluation; ``drop_last`` passed on; seed ``seed`` or 0).
