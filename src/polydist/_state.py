@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -31,6 +32,24 @@ class Layout:
     nproc_per_node: int
     nnodes: int
     node_rank: int
+
+
+# Host names cross ranks as fixed-size byte rows (not pickled objects): the mpi:// rendezvous
+# gathers them over MPI, layout_from_hostnames over the new group.
+HOST_BYTES = 256  # a host name is at most 253 bytes (RFC 1035)
+
+
+def host_row(name: str) -> np.ndarray:
+    """``name`` as a zero-padded ``HOST_BYTES``-byte uint8 row."""
+    row = np.zeros(HOST_BYTES, dtype=np.uint8)
+    data = name.encode("utf-8")[: HOST_BYTES - 1]
+    row[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return row
+
+
+def host_names(rows: np.ndarray) -> list:
+    """The names in gathered rows (``[n, HOST_BYTES]`` uint8), in rank order; bytes from other ranks decode safely."""
+    return [row.tobytes().rstrip(b"\0").decode("utf-8", "replace") for row in rows.reshape(-1, HOST_BYTES)]
 
 
 class World:

@@ -121,16 +121,13 @@ def one_rank_first(rank: int = 0, local: bool = False) -> Iterator[None]:
     _check_rank_type(rank)
     world = get_world_size()
     if not local:
-        _check_in_world(rank, world)  # bad input first, before anything else can fail
+        _check_in_world(rank, world)  # bad input first, before require_group can raise
     if require_group() is None or world == 1:
-        _check_in_world(rank, world)
+        if local:
+            _check_in_world(rank, world)
         yield
         return
-    if local:
-        group, first = _node_members(rank)
-    else:
-        _check_in_world(rank, world)
-        group, first = None, rank
+    group, first = _node_members(rank) if local else (None, rank)
     is_first = get_rank() == first
     if not is_first:
         barrier(group)

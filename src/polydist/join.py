@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import _torch, settings
-from ._state import Layout
+from ._state import HOST_BYTES, Layout, host_names, host_row
 from .backends import mpi4py as mpi4py_backend
 from .backends.mpi4py import job as mpi_job
 from .environment import ProcessInfo, detect
@@ -118,23 +118,16 @@ def comm_device(backend_name: Optional[str]) -> torch.device:
     return torch.device("cpu")
 
 
-_HOST_BYTES = 256  # a host name is at most 253 bytes (RFC 1035)
-
-
 def layout_from_hostnames() -> Layout:
     """Derive the layout by gathering every rank's host name (a collective).
 
     Names travel as fixed-size byte rows, not through ``all_gather_object``:
     nothing another rank sends is unpickled.
     """
-    name = socket.gethostname().encode("utf-8")[: _HOST_BYTES - 1]
     dev = comm_device(str(dist.get_backend()))
-    mine = torch.zeros(_HOST_BYTES, dtype=torch.uint8)
-    mine[: len(name)] = torch.frombuffer(bytearray(name), dtype=torch.uint8)
-    every = torch.empty(dist.get_world_size() * _HOST_BYTES, dtype=torch.uint8, device=dev)
-    _torch.all_gather_single(every, mine.to(dev))
-    rows = every.cpu().numpy().reshape(dist.get_world_size(), _HOST_BYTES)
-    hosts = [row.tobytes().rstrip(b"\0").decode("utf-8", "replace") for row in rows]
+    every = torch.empty(dist.get_world_size() * HOST_BYTES, dtype=torch.uint8, device=dev)
+    _torch.all_gather_single(every, torch.from_numpy(host_row(socket.gethostname())).to(dev))
+    hosts = host_names(every.cpu().numpy())
     me = hosts[dist.get_rank()]
     nodes = list(dict.fromkeys(hosts))  # in order of first appearance
     return Layout(

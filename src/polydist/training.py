@@ -337,9 +337,9 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
     if world > 1:
         if kwargs.get("batch_size") is not None and "batch_sampler" not in kwargs:
             kwargs["batch_size"] = _per_rank_batch(kwargs["batch_size"], world)
-        nproc = get_nproc_per_node()
-        if kwargs.get("num_workers", 0) >= nproc:
-            kwargs["num_workers"] = -(-kwargs["num_workers"] // nproc)
+        workers = kwargs.get("num_workers") or 0
+        if workers and workers >= (nproc := get_nproc_per_node()):
+            kwargs["num_workers"] = -(-workers // nproc)
     if kwargs.get("num_workers"):
         kwargs.setdefault("persistent_workers", True)
     kwargs["pin_memory"] = bool(kwargs.get("pin_memory", True)) and device().type == "cuda"

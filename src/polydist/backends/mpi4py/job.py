@@ -21,14 +21,12 @@ from urllib.parse import parse_qsl, urlparse
 import numpy as np
 import torch.distributed as dist
 
+from ..._state import HOST_BYTES, host_names, host_row
 from ..._torch import loopback_store_server
 from ...settings import FAILURE_DIR
 from . import _mpi
 
 __all__ = ["rendezvous", "install_abort_hook", "record_failure", "abort"]
-
-
-_HOST_BYTES = 256  # a host name is at most 253 bytes (RFC 1035)
 
 
 def _rendezvous_address(comm: Any) -> str:
@@ -37,12 +35,9 @@ def _rendezvous_address(comm: Any) -> str:
     Host names travel as fixed-size byte buffers, not through mpi4py's
     pickle-based lowercase calls: nothing another rank sends is unpickled.
     """
-    mine = np.zeros(_HOST_BYTES, dtype=np.uint8)
-    name = socket.gethostname().encode("utf-8")[: _HOST_BYTES - 1]
-    mine[: len(name)] = np.frombuffer(name, dtype=np.uint8)
-    every = np.empty((comm.Get_size(), _HOST_BYTES), dtype=np.uint8)
-    comm.Allgather(mine, every)
-    hosts = [row.tobytes().rstrip(b"\0").decode("utf-8", "replace") for row in every]
+    every = np.empty((comm.Get_size(), HOST_BYTES), dtype=np.uint8)
+    comm.Allgather(host_row(socket.gethostname()), every)
+    hosts = host_names(every)
     return "127.0.0.1" if len(set(hosts)) == 1 else socket.getfqdn(hosts[0])
 
 
