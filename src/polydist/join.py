@@ -73,7 +73,7 @@ def resolve_backend(name: Optional[str]) -> str:
         raise ValueError(f"Unknown backend {name!r}. Available backends: {', '.join(available_backends())}")
     if lowered == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs CUDA devices, and none is visible to this process")
-    if lowered == "mpi" and not dist.is_mpi_available():
+    if lowered == "mpi" and not mpi4py_backend.native_mpi_available():
         if not mpi4py_backend.register():
             raise ValueError(
                 "backend 'mpi' needs PyTorch built with MPI or the mpi4py package: pip install mpi4py mpich"

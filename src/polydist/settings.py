@@ -92,6 +92,7 @@ BACKEND = Variable("POLYDIST_BACKEND", _text, None, "backend for initialize() (p
 LAUNCHER = Variable("POLYDIST_LAUNCHER", _text, None, "set by polydist run: the elastic agent is polydist's")
 LAUNCHER_PID = Variable("POLYDIST_LAUNCHER_PID", int, None, "set by polydist run: the process workers die with")
 PREFIX_OUTPUT = Variable("POLYDIST_PREFIX_OUTPUT", _flag, False, "set by polydist run --backend mpi: [rankN] prefixes")
+TORCH_MPI = Variable("POLYDIST_TORCH_MPI", _flag, True, "on wheels without MPI, torch's 'mpi' backend is polydist's mpi4py group")
 FAILURE_DIR = Variable("POLYDIST_FAILURE_DIR", _text, None, "set by polydist run --backend mpi: where ranks report")
 
 

@@ -210,6 +210,108 @@ def test_p2p_nonblocking_and_futures(mpi_world3):
         assert out["future_value"].tolist() == [6.0, 6.0]
 
 
+def _async_collectives():
+    """async_op=True returns pending work: rank 1 arrives late, rank 0 must not wait for it in the call."""
+    import threading
+
+    r = dist.get_rank()
+    out = {}
+    if r == 1:
+        time.sleep(0.5)
+    t = torch.full((4,), float(r))
+    start = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    out["call_s"] = time.monotonic() - start
+    out["pending_after_call"] = not work.is_completed()
+    done = threading.Event()
+    work.get_future().then(lambda f: done.set())
+    out["future_without_wait"] = done.wait(10)  # completed by the lane, nobody called wait()
+    work.wait()
+    out["value"] = t.tolist()
+    # several kinds in a row, only the last waited for: the lane keeps the call order
+    a, b = torch.full((3,), r + 1.0), torch.full((2,), 10.0 * r)
+    gathered = [torch.empty(2) for _ in range(dist.get_world_size())]
+    works = [dist.all_reduce(a, async_op=True), dist.broadcast(b, src=2, async_op=True),
+             dist.all_gather(gathered, b, async_op=True), dist.all_reduce(a, op=dist.ReduceOp.MAX, async_op=True)]
+    works[-1].wait()
+    out["ordered"] = (a.tolist(), b.tolist(), [g.tolist() for g in gathered], all(w.is_completed() for w in works))
+    # a blocking call behind queued work waits its turn
+    c = torch.ones(2)
+    pending = dist.all_reduce(c, async_op=True)
+    dist.all_reduce(c)
+    out["behind"] = (pending.is_completed(), c.tolist())
+    return out
+
+
+def test_async_collectives_are_pending_and_ordered(mpi_world3):
+    results = mpi_world3.run(_async_collectives)
+    for r, out in enumerate(results):
+        assert out["value"] == [3.0] * 4
+        assert out["future_without_wait"] is True
+        assert out["ordered"] == ([6.0] * 3, [20.0, 20.0], [[20.0, 20.0]] * 3, True)
+        assert out["behind"] == (True, [9.0, 9.0])  # (1+1+1) summed again: 3 x 3
+    assert results[0]["pending_after_call"] is True and results[0]["call_s"] < 0.3  # rank 1 was 0.5 s late
+
+
+def _profiled():
+    r, n = dist.get_rank(), dist.get_world_size()
+    t = torch.ones(2, 3)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        dist.broadcast(t, src=0)
+        if r == 0:
+            dist.send(torch.ones(5), dst=1)
+        elif r == 1:
+            dist.recv(torch.empty(5), src=0)
+    events = [(e.name, e.input_shapes, e.is_async) for e in prof.events() if e.name.startswith(dist.get_backend() + ":")]
+    return sorted(events)
+
+
+def test_profiler_sees_every_operation(mpi_world3):
+    backend = "mpi4py"
+    for r, events in enumerate(mpi_world3.run(_profiled)):
+        expected = [(f"{backend}:all_reduce", [[2, 3]], True)] * 2 + [(f"{backend}:broadcast", [[2, 3]], True)]
+        if r in (0, 1):
+            expected.append((f"{backend}:{'send' if r == 0 else 'recv'}", [[5]], True))
+        assert events == sorted(expected)
+
+
+def _group_names():
+    sub = dist.new_group([0, 2])
+    names = (dist.group.WORLD.group_name, sub.group_name if sub != dist.GroupMember.NON_GROUP_MEMBER else None)
+    dist.destroy_process_group(sub)  # torch unregisters groups by name
+    t = torch.ones(1)
+    dist.all_reduce(t)  # the world is untouched
+    return names, t.item(), dist.group.WORLD.getBackendName()
+
+
+def test_groups_have_names_and_subgroups_can_be_destroyed(mpi_world3):
+    results = mpi_world3.run(_group_names)
+    assert all(name for name in results[0][0])
+    assert results[1][0][1] is None and results[2][0][1] == results[0][0][1]
+    assert [res[1:] for res in results] == [(3.0, "mpi4py")] * 3
+
+
+def test_torch_mpi_name_on_a_stock_wheel(cli_env):
+    """init_process_group("mpi") under mpiexec: rank and size from MPI, no store; the group reports "mpi"."""
+    code = """
+        import sys, torch, torch.distributed as dist, polydist
+        dist.init_process_group("mpi")
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        model(torch.randn(8, 4) * (dist.get_rank() + 1)).sum().backward()
+        g = [torch.empty(4) for _ in range(dist.get_world_size())]
+        dist.all_gather(g, model.module.weight.grad.reshape(-1))
+        sub = dist.new_group([1])
+        sys.stdout.write(f"rank {dist.get_rank()}/{dist.get_world_size()} {dist.get_backend()} "
+                         f"{dist.group.WORLD.getBackendName()} same {all(torch.equal(g[0], x) for x in g)} "
+                         f"member {sub != dist.GroupMember.NON_GROUP_MEMBER} {polydist.all_reduce(1)}\\n")
+        dist.destroy_process_group()
+    """
+    lines = _rank_lines(2, code, cli_env)
+    assert lines == [f"rank {r}/2 mpi mpi same True member {r == 1} 2" for r in range(2)]
+
+
 def _bad_calls():
     errors = {}
     for name, call in {
@@ -297,6 +399,13 @@ def _mpi_env(cli_env):
     return env
 
 
+def _rank_lines(n, code, cli_env):
+    """Run ``code`` on ``n`` ranks under mpiexec; its sorted output lines that start with "rank "."""
+    out = _mpiexec(n, code, _mpi_env(cli_env))
+    assert out.returncode == 0, out.stderr
+    return sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
+
+
 def _mpiexec(n, code, env, timeout=90):
     return subprocess.run(
         [mpiexec(), "-n", str(n), sys.executable, "-c", textwrap.dedent(code)],
@@ -308,7 +417,8 @@ def test_plain_mpiexec_with_ddp_on_stock_wheel(cli_env):
     """The issue's "done when": mpiexec -n 3 python -c "import polydist; polydist.initialize('mpi'); ..." with DDP."""
     code = """
         import sys, torch, torch.distributed as dist, polydist
-        assert not dist.is_mpi_available()  # a stock wheel
+        from polydist.backends.mpi4py import native_mpi_available
+        assert not native_mpi_available() and dist.is_mpi_available()  # a stock wheel, torch's "mpi" provided
         polydist.initialize("mpi")
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
         model(torch.randn(8, 4) * (polydist.get_rank() + 1)).sum().backward()
@@ -319,9 +429,7 @@ def test_plain_mpiexec_with_ddp_on_stock_wheel(cli_env):
                          f"local {polydist.get_local_rank()} same {same}\\n")
         polydist.finalize()
     """
-    out = _mpiexec(3, code, _mpi_env(cli_env))
-    assert out.returncode == 0, out.stderr
-    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
+    lines = _rank_lines(3, code, cli_env)
     assert lines == [f"rank {r}/3 mpi4py local {r} same True" for r in range(3)]
 
 
@@ -405,12 +513,13 @@ def test_mpi_without_mpi4py_names_the_fix(monkeypatch):
     from polydist import join
     from polydist.backends import mpi4py as backend
 
-    monkeypatch.setattr(dist, "is_mpi_available", lambda: False)
+    monkeypatch.setattr(backend, "native_mpi_available", lambda: False)
     monkeypatch.setattr(backend, "register", lambda: False)
     with pytest.raises(ValueError, match="pip install mpi4py mpich"):
         join.resolve_backend("mpi")
     monkeypatch.undo()
-    assert join.resolve_backend("MPI") == ("mpi" if dist.is_mpi_available() else "mpi4py")
+    # polydist's own "mpi" is native MPI only where torch was built with it (the stand-in is for raw torch calls)
+    assert join.resolve_backend("MPI") == ("mpi" if backend.native_mpi_available() else "mpi4py")
 
 
 def test_mpi4py_not_imported_by_polydist_import(cli_env):

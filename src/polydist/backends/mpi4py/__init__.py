@@ -4,44 +4,98 @@
 :mod:`~polydist.backends.mpi4py._mpi` turns tensors into MPI buffers and
 holds the work handles, :mod:`~polydist.backends.mpi4py.job` is the
 ``mpi://`` rendezvous and abort-on-failure. This module registers the backend
-with torch.distributed (:func:`register`, called when polydist is imported).
+with torch.distributed (:func:`register`, called when polydist is imported),
+under its own name ``"mpi4py"`` and, on wheels built without MPI, as torch's
+``"mpi"`` backend (:func:`provide_torch_mpi`).
 """
 
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, Optional
 
 import torch.distributed as dist
 
+from ... import settings
 from . import _mpi, job
 from .process_group import MPIProcessGroup
 
-__all__ = ["BACKEND_NAME", "MPIProcessGroup", "available", "register"]
+__all__ = ["BACKEND_NAME", "MPIProcessGroup", "available", "native_mpi_available", "provide_torch_mpi", "register"]
 
 BACKEND_NAME = _mpi.BACKEND_NAME
 available = _mpi.available
 
 
+def _communicator(ranks: list) -> Any:
+    """A new communicator over ``ranks`` (global ranks; empty: all), on its members only."""
+    world = _mpi.mpi().COMM_WORLD
+    if not ranks or ranks == list(range(world.Get_size())):
+        return world.Dup()
+    # Create_group is collective over the members only, as use_local_synchronization
+    # needs; a tag from the ranks keeps concurrent creations of different groups apart.
+    tag = zlib.crc32(repr(ranks).encode()) % 32768
+    return world.Create_group(world.Get_group().Incl(ranks), tag)
+
+
 def _create(opts: Any, backend_options: Any = None) -> MPIProcessGroup:
     """torch.distributed's creator hook: one communicator per process group."""
-    MPI = _mpi.mpi()
-    world = MPI.COMM_WORLD
-    ranks = list(opts.global_ranks_in_group or [])
-    if not ranks or ranks == list(range(world.Get_size())):
-        comm = world.Dup()
-    else:
-        # Create_group is collective over the members only, as use_local_synchronization
-        # needs; a tag from the ranks keeps concurrent creations of different groups apart.
-        tag = zlib.crc32(repr(ranks).encode()) % 32768
-        comm = world.Create_group(world.Get_group().Incl(ranks), tag)
+    comm = _communicator(list(opts.global_ranks_in_group or []))
     if comm.Get_rank() != opts.group_rank or comm.Get_size() != opts.group_size:
         raise RuntimeError(
             f"{_mpi.BACKEND_NAME}: torch.distributed expects group rank {opts.group_rank} of {opts.group_size}, "
             f"MPI gives {comm.Get_rank()} of {comm.Get_size()}; the job's ranks must be MPI's COMM_WORLD ranks "
             "(launch with mpiexec and init_method='mpi://')"
         )
-    return MPIProcessGroup(comm, opts.group_rank, opts.group_size)
+    return MPIProcessGroup(comm, opts.group_rank, opts.group_size)  # backend name "mpi4py"
+
+
+class _TorchMPI:
+    """What torch.distributed asks of ``ProcessGroupMPI``: ``create(ranks)``, as torch's C++ class answers it.
+
+    torch's ``"mpi"`` path takes rank and world size from MPI, needs no store
+    or init method, and expects ``None`` on ranks outside ``ranks``.
+    """
+
+    @staticmethod
+    def create(ranks: Any = None) -> Optional[MPIProcessGroup]:
+        ranks = list(ranks or [])
+        world = _mpi.mpi().COMM_WORLD
+        if ranks and world.Get_rank() not in ranks:
+            return None
+        comm = _communicator(ranks)
+        return MPIProcessGroup(comm, comm.Get_rank(), comm.Get_size(), backend="mpi")
+
+
+_NATIVE_MPI = dist.is_available() and dist.is_mpi_available()
+
+
+def native_mpi_available() -> bool:
+    """Whether this PyTorch was built with its own MPI backend (not the stand-in polydist provides)."""
+    return _NATIVE_MPI
+
+
+def provide_torch_mpi() -> bool:
+    """Make torch's ``"mpi"`` backend this ProcessGroup on a PyTorch built without MPI.
+
+    After it, ``torch.distributed.init_process_group("mpi")`` under
+    ``mpiexec`` works on stock wheels as it does on a PyTorch built with MPI:
+    rank and world size come from MPI, no store or init method is needed,
+    ``new_group`` works, ``is_mpi_available()`` is True and
+    ``getBackendName()`` is ``"mpi"``. It does so by giving
+    ``torch.distributed.distributed_c10d`` the ``ProcessGroupMPI`` name and
+    availability flag that an MPI build has; nothing else in torch changes.
+    Called by :func:`register`; returns False (and changes nothing) where
+    torch has native MPI or mpi4py is missing. Set ``POLYDIST_TORCH_MPI=0``
+    to keep torch's ``"mpi"`` unavailable on stock wheels.
+    """
+    if _NATIVE_MPI or not _mpi.available() or not settings.TORCH_MPI.read():
+        return False
+    c10d = dist.distributed_c10d
+    if not hasattr(c10d, "_MPI_AVAILABLE") or not hasattr(c10d, "is_mpi_available"):
+        return False  # a PyTorch whose MPI path this stand-in was not written against
+    c10d.ProcessGroupMPI = _TorchMPI
+    c10d._MPI_AVAILABLE = True
+    return True
 
 
 _registered = False
@@ -61,5 +115,6 @@ def register() -> bool:
     if _mpi.BACKEND_NAME not in dist.Backend.backend_list:
         dist.Backend.register_backend(_mpi.BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
     dist.register_rendezvous_handler("mpi", job.rendezvous)
+    provide_torch_mpi()
     _registered = True
     return True

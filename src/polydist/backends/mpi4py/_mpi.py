@@ -1,7 +1,8 @@
 """mpi4py on demand, and what the MPI process group is built from (internal).
 
-MPI datatypes and ops for torch dtypes and reduce ops, tensors as MPI buffers
-by address, and the work handles the group returns. ``mpi4py.MPI`` is
+MPI datatypes and ops for torch dtypes and reduce ops, and tensors as MPI
+buffers by address (the work handles live in
+:mod:`~polydist.backends.mpi4py.work`). ``mpi4py.MPI`` is
 imported on the first call of :func:`mpi` only, because importing it
 initializes MPI.
 """
@@ -10,16 +11,12 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
-import threading
-import time
-from datetime import timedelta
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
-from torch.futures import Future
 
-from ..._torch import WorkBase
 from ...ops import check_op_dtype, resolve_op
+from .work import stop_threads
 
 BACKEND_NAME = "mpi4py"
 
@@ -65,7 +62,7 @@ def mpi() -> Any:
         _BOOL_OPS.update(
             SUM=module.LOR, MAX=module.LOR, OR=module.LOR, PRODUCT=module.LAND, MIN=module.LAND, AND=module.LAND, XOR=module.LXOR
         )
-        atexit.register(_progress.stop)  # runs before mpi4py's MPI_Finalize
+        atexit.register(stop_threads)  # after mpi4py's import, so it runs before MPI_Finalize
         MPI = module
     return MPI
 
@@ -146,139 +143,8 @@ def reduce_setup(t: torch.Tensor, op: Any) -> tuple[str, Any, Optional[torch.dty
     return name, _OPS[name], None
 
 
-# ---------------------------------------------------------------- work
-
-
-class _Progress:
-    """A daemon thread that tests pending MPI requests and completes their futures.
-
-    It only runs while some future of a point-to-point operation is pending
-    and was handed out by ``get_future()``; ``wait()`` does not need it.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._pending: list = []  # [(request, future, result)]
-        self._thread: Optional[threading.Thread] = None
-        self._stopped = False
-
-    def add(self, request: Any, future: Future, result: Any) -> None:
-        with self._cond:
-            self._pending.append((request, future, result))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="polydist-mpi-progress", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending and not self._stopped:
-                    self._cond.wait()
-                if self._stopped:
-                    return
-                pending, self._pending = self._pending, []
-            still = []
-            for request, future, result in pending:
-                if request.Test():
-                    if not future.done():
-                        future.set_result(result)
-                else:
-                    still.append((request, future, result))
-            if still:
-                with self._cond:
-                    self._pending.extend(still)
-                time.sleep(1e-4)  # poll politely: the rank's compute thread shares the core
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-
-
-_progress = _Progress()
-
-
-class Work(WorkBase):
-    """Work of one operation: complete already (collectives) or an MPI request (point-to-point)."""
-
-    def __init__(self, result: Any, request: Any = None, source: Optional[Callable[[], int]] = None) -> None:
-        super().__init__()
-        self._result = result
-        self._request = request  # None: complete
-        self._source = source
-        self._future: Optional[Future] = None
-        self._keep: Any = None
-
-    def wait(self, timeout: Optional[timedelta] = None) -> bool:
-        request = self._request
-        if request is not None:
-            if timeout is None or timeout == timedelta(0):
-                request.Wait()
-            else:
-                _wait_until(request, timeout)
-            self._request = None
-            if self._future is not None and not self._future.done():
-                self._future.set_result(self._result)
-        return True
-
-    def is_completed(self) -> bool:
-        if self._request is not None and self._request.Test():
-            self._request = None
-        return self._request is None
-
-    def is_success(self) -> bool:
-        return self.is_completed()
-
-    def get_future(self) -> Future:
-        if self._future is None:
-            self._future = Future()
-            if self.is_completed():
-                self._future.set_result(self._result)
-            else:
-                _progress.add(self._request, self._future, self._result)
-        return self._future
-
-    def _source_rank(self) -> int:
-        if self._source is None:
-            raise RuntimeError("_source_rank() is defined for recv from any source only")
-        self.wait()
-        return self._source()
-
-    def result(self) -> Any:
-        return self._result
-
-
-def _wait_until(request: Any, timeout: timedelta) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout.total_seconds()
-    while not request.Test():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{BACKEND_NAME}: operation timed out after {timeout}")
-        time.sleep(1e-4)
-
-
 def opt(opts: Any, name: str, default: Any) -> Any:
     return default if opts is None else getattr(opts, name, default)
-
-
-# ---------------------------------------------------------------- the process group
-
-
-class StatusRequest:
-    """An MPI request whose completion status is kept (for recv from any source)."""
-
-    __slots__ = ("request", "status")
-
-    def __init__(self, request: Any, status: Any) -> None:
-        self.request, self.status = request, status
-
-    def Wait(self) -> None:  # noqa: N802 - mirrors mpi4py
-        self.request.Wait(self.status)
-
-    def Test(self) -> bool:  # noqa: N802
-        return self.request.Test(self.status)
 
 
 def unflatten(flat: torch.Tensor, outs: list, by_bytes: bool = False) -> None:

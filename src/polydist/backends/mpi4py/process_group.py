@@ -4,7 +4,9 @@ PyTorch's own MPI backend exists only in builds compiled against an MPI
 library (PyTorch docs, "Backends": MPI needs a build from source); the wheels on PyPI have ``is_mpi_available() == False``.
 :class:`MPIProcessGroup` fills the gap: a ``torch.distributed.ProcessGroup``
 written in Python over mpi4py, registered as backend ``"mpi4py"`` with the
-``mpi://`` init method (:mod:`polydist.backends.mpi4py.job`). Whatever calls a
+``mpi://`` init method (:mod:`polydist.backends.mpi4py.job`), and standing in
+for torch's ``"mpi"`` backend where the wheel has none
+(:func:`polydist.backends.mpi4py.provide_torch_mpi`). Whatever calls a
 process group runs on it: the ``torch.distributed`` functions (by method name,
 in Python), DistributedDataParallel's reducer (from C++, through PyTorch's
 pybind trampoline) and polydist's collectives.
@@ -13,9 +15,12 @@ How operations map onto MPI:
 
 * Collectives are MPI's blocking collectives on the group's own communicator
   (a ``Dup`` of ``COMM_WORLD`` for the world, ``Create_group`` for a
-  subgroup). They are complete when the call returns, so their work is
-  already complete and its future already holds the result (DDP chains on
-  it); ``async_op=True`` is accepted and gives such completed work.
+  subgroup), run in call order on the communicator's worker thread
+  (:class:`~polydist.backends.mpi4py.work.Lane`, PyTorch's ``ProcessGroupMPI``
+  design): ``async_op=True`` returns pending work at once, its future
+  completes without ``wait()``, and DDP overlaps gradient all-reduces with
+  the backward pass. A blocking call that finds nothing queued runs inline.
+  Argument errors are raised by the call itself, before anything is queued.
 * Data movement (broadcast, the gathers and scatters, all-to-all,
   point-to-point) moves raw bytes (``MPI.BYTE``), so every dtype travels,
   bfloat16 and complex included.
@@ -28,6 +33,9 @@ How operations map onto MPI:
   of large messages cannot deadlock. ``wait()`` waits on the MPI request;
   a future taken with ``get_future()`` is completed by a progress thread
   without anyone calling ``wait()``.
+* Every operation is an event ``"<backend>:<op>"`` (``mpi:all_reduce``,
+  ``mpi:send``, ...) with its input shapes in ``torch.profiler`` and the
+  autograd profiler, as PyTorch's built-in backends record.
 * Tensors are passed by address (``MPI.buffer.fromaddress``): no copy for
   contiguous CPU tensors. CUDA tensors are rejected with a ``ValueError``
   (the backend is registered for the ``cpu`` device only).
@@ -35,39 +43,60 @@ How operations map onto MPI:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from . import _mpi
+from .work import Lane, StatusRequest, Work, profiling, request_work
 
 __all__ = ["MPIProcessGroup"]
 
 
 class MPIProcessGroup(dist.ProcessGroup):
-    """A ``torch.distributed`` process group over an MPI communicator (backend name ``"mpi4py"``).
+    """A ``torch.distributed`` process group over an MPI communicator.
 
-    Created by torch.distributed (``init_process_group("mpi4py")``,
-    ``new_group``), not by hand. Ranks are the communicator's ranks, which
-    are the group ranks torch.distributed assigns. Methods carry PyTorch's
-    ProcessGroup signatures, under the names PyTorch 2.2–2.13 call
-    (``_allgather_base``/``all_gather_single``, ``alltoall_base``/
-    ``all_to_all_single``, ...). Errors: ``ValueError`` for CUDA tensors or
-    mismatched sizes; ``TypeError`` for an op undefined on a dtype (the same
-    table as polydist's collectives, :func:`polydist.ops.check_op_dtype`); MPI
-    errors propagate as ``mpi4py.MPI.Exception``.
+    Created by torch.distributed (``init_process_group("mpi4py")`` or, on
+    wheels without MPI, ``init_process_group("mpi")``; ``new_group``), not
+    by hand. ``getBackendName()`` is the name it was created under. Ranks are
+    the communicator's ranks, which are the group ranks torch.distributed
+    assigns. Methods carry PyTorch's ProcessGroup signatures, under the names
+    PyTorch 2.2–2.13 call (``_allgather_base``/``all_gather_single``,
+    ``alltoall_base``/``all_to_all_single``, ...). Errors: ``ValueError`` for
+    CUDA tensors or mismatched sizes; ``TypeError`` for an op undefined on a
+    dtype (the same table as polydist's collectives,
+    :func:`polydist.ops.check_op_dtype`), both raised by the call; MPI
+    errors (``mpi4py.MPI.Exception``) are raised by ``wait()``.
     """
 
-    def __init__(self, comm: Any, rank: int, size: int) -> None:
+    def __init__(self, comm: Any, rank: int, size: int, backend: str = _mpi.BACKEND_NAME) -> None:
         super().__init__(rank, size)
         self.comm = comm
+        self._backend = backend
+        self._lane = Lane(backend)
+        self._group_name = ""
 
     def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
-        return _mpi.BACKEND_NAME
+        return self._backend
+
+    # torch names each group (destroy_process_group unregisters it by name); the C++
+    # ProcessGroup keeps the name on its backend objects, which a Python group has none of.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        if not self._group_name:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._group_name
 
     def __repr__(self) -> str:
-        return f"<MPIProcessGroup rank={self.rank()} size={self.size()}>"
+        return f"<MPIProcessGroup {self._backend} rank={self.rank()} size={self.size()}>"
+
+    def _run(self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor]) -> Work:
+        blocking = not _mpi.opt(opts, "asyncOp", True)
+        return self._lane.run(body, result, blocking, f"{self._backend}:{op}", inputs)
 
     # ------------------------------------------------------------ reductions
 
@@ -76,160 +105,240 @@ class MPIProcessGroup(dist.ProcessGroup):
 
         ``op`` is a canonical name ("SUM", ...) or a ``ReduceOp``. Small
         tensors cost little more than the MPI call itself: the common case
-        (contiguous CPU tensor of an MPI dtype, op given by name) is looked up
-        once per (dtype, op).
+        (contiguous CPU tensor of an MPI dtype, op given by name, nothing
+        queued, no profiler) is looked up once per (dtype, op).
         """
         plan = _mpi.PLANS.get((t.dtype, op)) if isinstance(op, str) else None
-        if plan is not None and t.is_cpu and t.is_contiguous():
+        if plan is not None and not self._lane.pending and t.is_cpu and t.is_contiguous() and not profiling():
             self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.cached_buffer(t, plan[0]), plan[1])
             if plan[2]:
                 t.div_(self.comm.Get_size())
             return t
-        name, mpi_op, wide = _mpi.reduce_setup(t, op)
-        if isinstance(op, str) and wide is None and t.dtype in _mpi.REDUCE_TYPES:
-            _mpi.PLANS[(t.dtype, op)] = (_mpi.REDUCE_TYPES[t.dtype], mpi_op, name == "AVG")
-        with _mpi.Contiguous(t) as c:
-            w = c.to(wide) if wide is not None else c
-            self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.typed(w), mpi_op)
-            if name == "AVG":
-                w.div_(self.comm.Get_size())
-            if w is not c:
-                c.copy_(w)
+        self._allreduce([t], op, None).wait()
         return t
 
-    def allreduce(self, tensors: list, opts: Any = None) -> _mpi.Work:
-        op = _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM)
+    def _allreduce(self, tensors: list, op: Any, opts: Any) -> Work:
+        setups = [_mpi.reduce_setup(t, op) for t in tensors]
         for t in tensors:
-            self.allreduce_tensor(t, op)
-        return _mpi.Work(tensors)
+            _mpi.check_cpu(t)
+        if isinstance(op, str) and len(tensors) == 1 and setups[0][2] is None and tensors[0].dtype in _mpi.REDUCE_TYPES:
+            _mpi.PLANS[(tensors[0].dtype, op)] = (_mpi.REDUCE_TYPES[tensors[0].dtype], setups[0][1], setups[0][0] == "AVG")
 
-    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> _mpi.Work:
-        op = _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM)
-        for dtype in dict.fromkeys(t.dtype for t in tensors):
-            members = [t for t in tensors if t.dtype == dtype]
-            if len(members) == 1:
-                self.allreduce_tensor(members[0], op)
-                continue
-            flat = self.allreduce_tensor(torch.cat([t.reshape(-1) for t in members]), op)
-            for t, piece in zip(members, flat.split([t.numel() for t in members])):
-                t.copy_(piece.view_as(t))
-        return _mpi.Work(tensors)
-
-    def reduce(self, tensors: list, opts: Any = None) -> _mpi.Work:
-        root = _mpi.opt(opts, "rootRank", 0)
-        op = _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM)
-        me = self.comm.Get_rank()
-        for t in tensors:
-            name, mpi_op, wide = _mpi.reduce_setup(t, op)
-            with _mpi.Contiguous(t, write_back=me == root) as c:
-                w = c.to(wide) if wide is not None else c
-                if me == root:
-                    self.comm.Reduce(_mpi.MPI.IN_PLACE, _mpi.typed(w), mpi_op, root)
+        def body() -> None:
+            for t, (name, mpi_op, wide) in zip(tensors, setups):
+                with _mpi.Contiguous(t) as c:
+                    w = c.to(wide) if wide is not None else c
+                    self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.typed(w), mpi_op)
                     if name == "AVG":
                         w.div_(self.comm.Get_size())
                     if w is not c:
                         c.copy_(w)
-                else:
-                    self.comm.Reduce(_mpi.typed(w), None, mpi_op, root)
-        return _mpi.Work(tensors)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _mpi.Work:
+        return self._run("all_reduce", body, tensors, opts, tensors)
+
+    def allreduce(self, tensors: list, opts: Any = None) -> Work:
+        return self._allreduce(tensors, _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM), opts)
+
+    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Work:
         op = _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM)
-        if input.numel() != output.numel() * self.comm.Get_size():
+        for t in tensors:
+            _mpi.reduce_setup(t, op)
+            _mpi.check_cpu(t)
+        size = self.comm.Get_size()
+
+        def body() -> None:
+            for dtype in dict.fromkeys(t.dtype for t in tensors):
+                members = [t for t in tensors if t.dtype == dtype]
+                name, mpi_op, wide = _mpi.reduce_setup(members[0], op)
+                flat = torch.cat([t.reshape(-1) for t in members]).to(wide or dtype)
+                self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.typed(flat), mpi_op)
+                if name == "AVG":
+                    flat.div_(size)
+                for t, piece in zip(members, flat.split([t.numel() for t in members])):
+                    t.copy_(piece.view_as(t))
+
+        return self._run("allreduce_coalesced", body, tensors, opts, tensors)
+
+    def reduce(self, tensors: list, opts: Any = None) -> Work:
+        root = _mpi.opt(opts, "rootRank", 0)
+        op = _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        me = self.comm.Get_rank()
+        setups = [_mpi.reduce_setup(t, op) for t in tensors]
+        for t in tensors:
+            _mpi.check_cpu(t)
+
+        def body() -> None:
+            for t, (name, mpi_op, wide) in zip(tensors, setups):
+                with _mpi.Contiguous(t, write_back=me == root) as c:
+                    w = c.to(wide) if wide is not None else c
+                    if me == root:
+                        self.comm.Reduce(_mpi.MPI.IN_PLACE, _mpi.typed(w), mpi_op, root)
+                        if name == "AVG":
+                            w.div_(self.comm.Get_size())
+                        if w is not c:
+                            c.copy_(w)
+                    else:
+                        self.comm.Reduce(_mpi.typed(w), None, mpi_op, root)
+
+        return self._run("reduce", body, tensors, opts, tensors)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        op = _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        size = self.comm.Get_size()
+        if input.numel() != output.numel() * size:
             raise ValueError(
-                f"reduce_scatter: input has {input.numel()} elements, need output's {output.numel()} "
-                f"x group size {self.comm.Get_size()}"
+                f"reduce_scatter: input has {input.numel()} elements, need output's {output.numel()} x group size {size}"
             )
         if input.dtype != output.dtype:
             raise ValueError(f"reduce_scatter: input dtype {input.dtype} differs from output dtype {output.dtype}")
         name, mpi_op, wide = _mpi.reduce_setup(input, op)
-        with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
-            if wide is not None:
-                src_w, dst_w = src.to(wide), torch.empty(dst.shape, dtype=wide)
-            else:
-                src_w, dst_w = src, dst
-            self.comm.Reduce_scatter_block(_mpi.typed(src_w), _mpi.typed(dst_w), mpi_op)
-            if name == "AVG":
-                dst_w.div_(self.comm.Get_size())
-            if dst_w is not dst:
-                dst.copy_(dst_w)
-        return _mpi.Work(output)
+        _mpi.check_cpu(input)
+        _mpi.check_cpu(output)
+
+        def body() -> None:
+            with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
+                if wide is not None:
+                    src_w, dst_w = src.to(wide), torch.empty(dst.shape, dtype=wide)
+                else:
+                    src_w, dst_w = src, dst
+                self.comm.Reduce_scatter_block(_mpi.typed(src_w), _mpi.typed(dst_w), mpi_op)
+                if name == "AVG":
+                    dst_w.div_(size)
+                if dst_w is not dst:
+                    dst.copy_(dst_w)
+
+        return self._run("reduce_scatter_tensor", body, output, opts, [input])
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> _mpi.Work:
-        for out, ins in zip(outputs, input_lists):
-            self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts)
-        return _mpi.Work(outputs)
+    def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Work:
+        works = [self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts) for out, ins in zip(outputs, input_lists)]
+        return works[-1] if len(works) == 1 else self._after(works, outputs, opts)
 
-    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> _mpi.Work:
-        for out, inp in zip(outputs, inputs):
-            self.reduce_scatter_single(out, inp, opts)
-        return _mpi.Work(outputs)
+    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+        works = [self.reduce_scatter_single(out, inp, opts) for out, inp in zip(outputs, inputs)]
+        return self._after(works, outputs, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    def _after(self, works: list, result: Any, opts: Any) -> Work:
+        """One Work for several queued on this lane: done when the last is (the lane keeps order)."""
+
+        def body() -> None:
+            for w in works:
+                w.wait()  # already done: the lane ran them first; re-raises their errors
+
+        return self._run("coalesced", body, result, opts, ())
+
     # ------------------------------------------------------------ data movement
 
-    def broadcast(self, tensors: list, opts: Any = None) -> _mpi.Work:
+    def broadcast(self, tensors: list, opts: Any = None) -> Work:
         root = _mpi.opt(opts, "rootRank", 0)
+        me = self.comm.Get_rank()
         for t in tensors:
-            with _mpi.Contiguous(t, write_back=self.comm.Get_rank() != root) as c:
-                self.comm.Bcast(_mpi.raw(c), root)
-        return _mpi.Work(tensors)
+            _mpi.check_cpu(t)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _mpi.Work:
-        if output.nbytes != input.nbytes * self.comm.Get_size():
-            raise ValueError(
-                f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} "
-                f"x group size {self.comm.Get_size()}"
-            )
-        with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
-            self.comm.Allgather(_mpi.raw(src), _mpi.raw(dst))
-        return _mpi.Work(output)
+        def body() -> None:
+            for t in tensors:
+                with _mpi.Contiguous(t, write_back=me != root) as c:
+                    self.comm.Bcast(_mpi.raw(c), root)
+
+        return self._run("broadcast", body, tensors, opts, tensors)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        size = self.comm.Get_size()
+        if output.nbytes != input.nbytes * size:
+            raise ValueError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {size}")
+        _mpi.check_cpu(input)
+        _mpi.check_cpu(output)
+
+        def body() -> None:
+            with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
+                self.comm.Allgather(_mpi.raw(src), _mpi.raw(dst))
+
+        return self._run("all_gather_into_tensor", body, output, opts, [input])
 
     _allgather_base = all_gather_single
 
-    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> _mpi.Work:
+    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+        """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
+        size = self.comm.Get_size()
         for outs, inp in zip(output_lists, inputs):
-            flat = torch.empty(inp.numel() * len(outs), dtype=inp.dtype)
-            self.all_gather_single(flat, inp)
-            _mpi.unflatten(flat, outs)
-        return _mpi.Work(output_lists)
+            _check_gather_outputs("all_gather", outs, inp, size)
 
-    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> _mpi.Work:
-        for outs, inp in zip(output_lists, inputs):
-            self.allgather([outs], [inp])
-        return _mpi.Work(output_lists)
+        def body() -> None:
+            for outs, inp in zip(output_lists, inputs):
+                flat = torch.empty(inp.numel() * size, dtype=inp.dtype)
+                with _mpi.Contiguous(inp, write_back=False) as src:
+                    self.comm.Allgather(_mpi.raw(src), _mpi.raw(flat))
+                _mpi.unflatten(flat, outs)
 
-    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> _mpi.Work:
-        for out, inp in zip(outputs, inputs):
-            self.all_gather_single(out, inp)
-        return _mpi.Work(outputs)
+        return self._run("all_gather", body, output_lists, opts, inputs)
+
+    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+        """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``), in one Allgather."""
+        size = self.comm.Get_size()
+        if len(output_lists) != size or any(len(outs) != len(inputs) for outs in output_lists):
+            raise ValueError(
+                f"all_gather_coalesced: need {size} output lists (one per rank) of {len(inputs)} tensors each, "
+                f"got {[len(outs) for outs in output_lists]}"
+            )
+        for outs in output_lists:
+            for out, inp in zip(outs, inputs):
+                if out.nbytes != inp.nbytes:
+                    raise ValueError(f"all_gather_coalesced: output of {out.nbytes} bytes for an input of {inp.nbytes}")
+        for t in inputs:
+            _mpi.check_cpu(t)
+
+        def body() -> None:
+            src = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in inputs]) if inputs else torch.empty(0, dtype=torch.uint8)
+            flat = torch.empty(src.numel() * size, dtype=torch.uint8)
+            self.comm.Allgather(_mpi.raw(src), _mpi.raw(flat))
+            for r, outs in enumerate(output_lists):
+                _mpi.unflatten(flat[r * src.numel() : (r + 1) * src.numel()], outs, by_bytes=True)
+
+        return self._run("all_gather_coalesced", body, output_lists, opts, inputs)
+
+    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+        works = [self.all_gather_single(out, inp, opts) for out, inp in zip(outputs, inputs)]
+        return self._after(works, outputs, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> _mpi.Work:
+    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
         root = _mpi.opt(opts, "rootRank", 0)
-        with _mpi.Contiguous(inputs[0], write_back=False) as src:
-            if self.comm.Get_rank() == root:
-                outs = output_lists[0]
-                flat = torch.empty(src.numel() * len(outs), dtype=src.dtype)
-                self.comm.Gather(_mpi.raw(src), _mpi.raw(flat), root)
-                _mpi.unflatten(flat, outs)
-            else:
-                self.comm.Gather(_mpi.raw(src), None, root)
-        return _mpi.Work(output_lists)
+        me, size = self.comm.Get_rank(), self.comm.Get_size()
+        _mpi.check_cpu(inputs[0])
+        if me == root:
+            _check_gather_outputs("gather", output_lists[0], inputs[0], size)
 
-    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> _mpi.Work:
+        def body() -> None:
+            with _mpi.Contiguous(inputs[0], write_back=False) as src:
+                if me == root:
+                    flat = torch.empty(src.numel() * size, dtype=src.dtype)
+                    self.comm.Gather(_mpi.raw(src), _mpi.raw(flat), root)
+                    _mpi.unflatten(flat, output_lists[0])
+                else:
+                    self.comm.Gather(_mpi.raw(src), None, root)
+
+        return self._run("gather", body, output_lists, opts, inputs)
+
+    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Work:
         root = _mpi.opt(opts, "rootRank", 0)
-        with _mpi.Contiguous(outputs[0]) as dst:
-            if self.comm.Get_rank() == root:
-                flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
-                self.comm.Scatter(_mpi.raw(flat), _mpi.raw(dst), root)
-            else:
-                self.comm.Scatter(None, _mpi.raw(dst), root)
-        return _mpi.Work(outputs)
+        me = self.comm.Get_rank()
+        _mpi.check_cpu(outputs[0])
+        if me == root:
+            _check_gather_outputs("scatter", input_lists[0], outputs[0], self.comm.Get_size())
+
+        def body() -> None:
+            with _mpi.Contiguous(outputs[0]) as dst:
+                if me == root:
+                    flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
+                    self.comm.Scatter(_mpi.raw(flat), _mpi.raw(dst), root)
+                else:
+                    self.comm.Scatter(None, _mpi.raw(dst), root)
+
+        return self._run("scatter", body, outputs, opts, input_lists[0] if me == root else outputs)
 
     def all_to_all_single(
         self,
@@ -238,54 +347,77 @@ class MPIProcessGroup(dist.ProcessGroup):
         output_split_sizes: Sequence[int],
         input_split_sizes: Sequence[int],
         opts: Any = None,
-    ) -> _mpi.Work:
+    ) -> Work:
         size = self.comm.Get_size()
-        with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
-            if not output_split_sizes and not input_split_sizes:
-                if src.nbytes % size or src.nbytes != dst.nbytes:
-                    raise ValueError(
-                        f"all_to_all_single: input ({src.nbytes} B) and output ({dst.nbytes} B) must be "
-                        f"equal and divisible by the group size {size}"
-                    )
-                self.comm.Alltoall(_mpi.raw(src), _mpi.raw(dst))
-            else:
-                send = _mpi.byte_counts(src, input_split_sizes, size, "input")
-                recv = _mpi.byte_counts(dst, output_split_sizes, size, "output")
-                self.comm.Alltoallv(_mpi.counted(src, send), _mpi.counted(dst, recv))
-        return _mpi.Work(output)
+        _mpi.check_cpu(input)
+        _mpi.check_cpu(output)
+        if not output_split_sizes and not input_split_sizes:
+            if input.nbytes % size or input.nbytes != output.nbytes:
+                raise ValueError(
+                    f"all_to_all_single: input ({input.nbytes} B) and output ({output.nbytes} B) must be "
+                    f"equal and divisible by the group size {size}"
+                )
+            send = recv = None
+        else:
+            send = _mpi.byte_counts(input, input_split_sizes, size, "input")
+            recv = _mpi.byte_counts(output, output_split_sizes, size, "output")
+
+        def body() -> None:
+            with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
+                if send is None:
+                    self.comm.Alltoall(_mpi.raw(src), _mpi.raw(dst))
+                else:
+                    self.comm.Alltoallv(_mpi.counted(src, send), _mpi.counted(dst, recv))
+
+        return self._run("all_to_all", body, output, opts, [input])
 
     alltoall_base = all_to_all_single
 
-    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> _mpi.Work:
-        src = torch.cat([t.reshape(-1).view(torch.uint8) for t in (c.contiguous() for c in inputs)])
-        dst = torch.empty(sum(t.nbytes for t in outputs), dtype=torch.uint8)
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+        for t in (*inputs, *outputs):
+            _mpi.check_cpu(t)
         send = [t.nbytes for t in inputs]
         recv = [t.nbytes for t in outputs]
-        self.comm.Alltoallv(_mpi.counted(src, send), _mpi.counted(dst, recv))
-        _mpi.unflatten(dst, outputs, by_bytes=True)
-        return _mpi.Work(outputs)
 
-    def barrier(self, opts: Any = None) -> _mpi.Work:
-        self.comm.Barrier()
-        return _mpi.Work(None)
+        def body() -> None:
+            src = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in inputs])
+            dst = torch.empty(sum(recv), dtype=torch.uint8)
+            self.comm.Alltoallv(_mpi.counted(src, send), _mpi.counted(dst, recv))
+            _mpi.unflatten(dst, outputs, by_bytes=True)
+
+        return self._run("all_to_all", body, outputs, opts, inputs)
+
+    def barrier(self, opts: Any = None) -> Work:
+        return self._run("barrier", self.comm.Barrier, None, opts, ())
 
     # ------------------------------------------------------------ point-to-point
 
-    def send(self, tensors: list, dst: int, tag: int) -> _mpi.Work:
+    def send(self, tensors: list, dst: int, tag: int) -> Work:
         t = tensors[0]
         _mpi.check_cpu(t)
         c = t if t.is_contiguous() else t.contiguous()
-        work = _mpi.Work(tensors, self.comm.Isend(_mpi.raw(c), dst, tag))
+        work = request_work(tensors, self.comm.Isend(_mpi.raw(c), dst, tag), f"{self._backend}:send", tensors, self._backend)
         work._keep = c  # the buffer must outlive the send
         return work
 
-    def recv(self, tensors: list, src: int, tag: int) -> _mpi.Work:
-        return _mpi.Work(tensors, self.comm.Irecv(_mpi.raw(_recv_buffer(tensors[0])), src, tag))
+    def recv(self, tensors: list, src: int, tag: int) -> Work:
+        request = self.comm.Irecv(_mpi.raw(_recv_buffer(tensors[0])), src, tag)
+        return request_work(tensors, request, f"{self._backend}:recv", tensors, self._backend)
 
-    def recv_anysource(self, tensors: list, tag: int) -> _mpi.Work:
+    def recv_anysource(self, tensors: list, tag: int) -> Work:
         status = _mpi.MPI.Status()  # filled when the request completes; names the sender
-        request = self.comm.Irecv(_mpi.raw(_recv_buffer(tensors[0])), _mpi.MPI.ANY_SOURCE, tag)
-        return _mpi.Work(tensors, _mpi.StatusRequest(request, status), source=status.Get_source)
+        request = StatusRequest(self.comm.Irecv(_mpi.raw(_recv_buffer(tensors[0])), _mpi.MPI.ANY_SOURCE, tag), status)
+        return request_work(tensors, request, f"{self._backend}:recvAnySource", tensors, self._backend, source=status.Get_source)
+
+
+def _check_gather_outputs(what: str, outs: list, inp: torch.Tensor, size: int) -> None:
+    """``outs`` must be one tensor per rank, each holding as many elements as ``inp``."""
+    if len(outs) != size or any(o.numel() != inp.numel() for o in outs):
+        raise ValueError(
+            f"{what}: need {size} tensors (one per rank) of {inp.numel()} elements each, got {[o.numel() for o in outs]}"
+        )
+    for o in outs:
+        _mpi.check_cpu(o)
 
 
 def _recv_buffer(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,312 @@
+"""Work handles of the mpi4py backend and the threads that complete them (internal).
+
+Collectives of one communicator run in call order on that communicator's
+:class:`Lane`, a worker thread, as in PyTorch's own ``ProcessGroupMPI``: a
+call with ``async_op=True`` returns at once with pending :class:`Work`, and
+the worker runs MPI's blocking collective while the caller computes (mpi4py
+releases the GIL inside MPI). DistributedDataParallel relies on this to
+overlap gradient all-reduces with the backward pass. A blocking call
+(``opts.asyncOp`` False, as ``torch.distributed`` sets for ``async_op=False``)
+finding its lane idle runs inline instead, which saves the thread hand-off;
+one finding work queued goes behind it, so the order stays the call order.
+
+Point-to-point calls are MPI requests (``Isend``/``Irecv``) started on the
+caller's thread; the :class:`_Progress` thread completes their futures and
+profiler events when nobody calls ``wait()``.
+
+Profiling: while the autograd profiler or ``torch.profiler`` records, each
+operation opens a record function named ``"<backend>:<op>"`` (``mpi:all_reduce``,
+``mpi:send``, ...) with its input tensors, closed by the thread that completes
+the operation: an asynchronous event with the input shapes, as PyTorch's
+built-in backends record.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch.futures import Future
+
+from ..._torch import WorkBase
+
+__all__ = ["Lane", "Work", "StatusRequest", "profiling"]
+
+_enter = torch._C._autograd._record_function_with_args_enter
+_exit = torch._C._autograd._record_function_with_args_exit
+profiling: Callable[[], bool] = torch._C._autograd._profiler_enabled
+
+
+def _record(title: str, tensors: Sequence[torch.Tensor]) -> Any:
+    return _enter(title, *tensors)
+
+
+class Work(WorkBase):
+    """Work of one operation: complete at creation, queued on a :class:`Lane`, or an MPI request.
+
+    ``wait(timeout)`` blocks until done and re-raises the operation's error
+    (an ``mpi4py.MPI.Exception`` or whatever the collective raised); a
+    ``timeout`` runs out with ``RuntimeError``. ``get_future()`` gives a
+    future completed with :meth:`result` (the output tensors) without
+    anyone calling ``wait()``, or with the error.
+    """
+
+    def __init__(
+        self,
+        result: Any,
+        request: Any = None,
+        source: Optional[Callable[[], int]] = None,
+        *,
+        queued: bool = False,
+        record: Any = None,
+        backend: str = "mpi4py",
+    ) -> None:
+        super().__init__()
+        self._result = result
+        self._request = request  # an MPI request still to complete, or None
+        self._source = source
+        self._done: Optional[threading.Event] = threading.Event() if queued else None
+        self._future: Optional[Future] = Future() if queued else None
+        self._error: Optional[BaseException] = None
+        self._record = record  # an open profiler record function, closed on completion
+        self._backend = backend
+        self._keep: Any = None  # a buffer that must outlive the operation (a contiguous copy being sent)
+
+    # ---------------------------------------------------------------- completion (worker threads)
+
+    def _complete(self, error: Optional[BaseException] = None) -> None:
+        if self._record is not None:
+            record, self._record = self._record, None
+            _exit(record)
+        self._error = error
+        future = self._future
+        if future is not None and not future.done():
+            if error is None:
+                future.set_result(self._result)  # runs its callbacks (DDP's) here, on this thread
+            else:
+                future.set_exception(error)
+        if self._done is not None:
+            self._done.set()
+
+    # ---------------------------------------------------------------- the Work API
+
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:
+        seconds = None if timeout is None or timeout == timedelta(0) else timeout.total_seconds()
+        if self._done is not None:
+            if not self._done.wait(seconds):
+                raise RuntimeError(f"{self._backend}: operation timed out after {timeout}")
+        elif self._request is not None:
+            request = self._request
+            if seconds is None:
+                request.Wait()
+            else:
+                _wait_until(request, seconds, self._backend)
+            self._request = None
+            self._complete()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        if self._done is not None:
+            return self._done.is_set()
+        if self._request is not None and self._request.Test():
+            self._request = None
+            self._complete()
+        return self._request is None
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._error
+
+    def get_future(self) -> Future:
+        if self._future is None:
+            self._future = Future()
+            if self.is_completed():
+                self._future.set_result(self._result)
+            else:
+                self._done = threading.Event()  # from now on the progress thread owns the request
+                _progress.add(self)
+        return self._future
+
+    def _source_rank(self) -> int:
+        if self._source is None:
+            raise RuntimeError("_source_rank() is defined for recv from any source only")
+        self.wait()
+        return self._source()
+
+    def result(self) -> Any:
+        return self._result
+
+
+def _wait_until(request: Any, seconds: float, backend: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not request.Test():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{backend}: operation timed out after {timedelta(seconds=seconds)}")
+        time.sleep(1e-4)
+
+
+def request_work(result: Any, request: Any, title: str, tensors: Sequence[torch.Tensor], backend: str, **kw: Any) -> Work:
+    """Work for a started MPI request; while profiling, the progress thread completes it (an async event)."""
+    if not profiling():
+        return Work(result, request, backend=backend, **kw)
+    work = Work(result, request, queued=True, record=_record(title, tensors), backend=backend, **kw)
+    _progress.add(work)
+    return work
+
+
+class StatusRequest:
+    """An MPI request whose completion status is kept (for recv from any source)."""
+
+    __slots__ = ("request", "status")
+
+    def __init__(self, request: Any, status: Any) -> None:
+        self.request, self.status = request, status
+
+    def Wait(self) -> None:  # noqa: N802 - mirrors mpi4py
+        self.request.Wait(self.status)
+
+    def Test(self) -> bool:  # noqa: N802
+        return self.request.Test(self.status)
+
+
+# ---------------------------------------------------------------- threads
+
+
+class Lane:
+    """One communicator's collectives, run in call order on one worker thread.
+
+    ``pending`` counts operations handed to the worker and not finished; the
+    caller's thread reads it (under the GIL) to decide whether a blocking
+    call may run inline. The worker starts on first use and ends at exit.
+    """
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.pending = 0
+        self._queue: collections.deque = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: Optional[threading.Thread] = None
+
+    def run(self, body: Callable[[], None], result: Any, blocking: bool, title: str, tensors: Sequence[torch.Tensor]) -> Work:
+        """Run ``body`` (the MPI calls) in order with this lane's other work; Work for its ``result``.
+
+        Inline when ``blocking`` and nothing is queued and no profiler records;
+        otherwise queued. Errors raised by ``body`` reach ``wait()`` and the future.
+        """
+        if blocking and not self.pending and not profiling():
+            body()
+            return Work(result, backend=self.backend)
+        work = Work(result, queued=True, record=_record(title, tensors) if profiling() else None, backend=self.backend)
+        with self._cond:
+            self.pending += 1
+            self._queue.append((body, work))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=f"polydist-{self.backend}-lane", daemon=True)
+                self._thread.start()
+                _lanes.append(self)
+            self._cond.notify()
+        return work
+
+    def call(self, body: Callable[[], Any]) -> Any:
+        """Run ``body`` now, blocking, behind whatever is queued; its return value (polydist's lean path)."""
+        if not self.pending:
+            return body()
+        box: list = []
+        self.run(lambda: box.append(body()), None, False, "", ()).wait()
+        return box[0]
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                body, work = self._queue.popleft()
+            if body is None:
+                return
+            error: Optional[BaseException] = None
+            try:
+                body()
+            except BaseException as e:  # noqa: BLE001 - handed to the waiter, whatever it is
+                error = e
+            with self._cond:
+                self.pending -= 1  # before completing: a future's callback may issue the next call
+            work._complete(error)
+
+    def stop(self, seconds: float = 1.0) -> None:
+        """End the worker once the queue drains (at exit, before ``MPI_Finalize``); waits at most ``seconds``."""
+        with self._cond:
+            thread, self._thread = self._thread, None
+            if thread is None:
+                return
+            self._queue.append((None, None))
+            self._cond.notify()
+        thread.join(seconds)
+
+
+class _Progress:
+    """A daemon thread that tests pending MPI requests and completes their work.
+
+    Runs only while a point-to-point future handed out by ``get_future()``
+    (or a profiled request) is pending; ``wait()`` does not need it.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: list = []  # [Work]
+        self._thread: Optional[threading.Thread] = None
+        self._stopped = False
+
+    def add(self, work: Work) -> None:
+        with self._cond:
+            self._pending.append(work)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="polydist-mpi-progress", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                pending, self._pending = self._pending, []
+            still = []
+            for work in pending:
+                request = work._request
+                if request is None:  # completed by wait()
+                    continue
+                if request.Test():
+                    work._request = None
+                    work._complete()
+                else:
+                    still.append(work)
+            if still:
+                with self._cond:
+                    self._pending.extend(still)
+                time.sleep(1e-4)  # poll politely: the rank's compute thread shares the core
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+
+_progress = _Progress()
+_lanes: list = []
+
+
+def stop_threads() -> None:
+    """Stop the worker threads before MPI is finalized (registered at exit once mpi4py is imported, so it runs first)."""
+    _progress.stop()
+    for lane in _lanes:
+        lane.stop()
