@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test fuzz setup clean
+.PHONY: demo test fuzz setup docs docs-setup clean
 
 setup: $(STAMP)
 
@@ -27,5 +27,22 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	$(BIN)/python -m pytest tests/unit/test_codec_fuzz.py --hypothesis-profile=long -p no:cacheprovider
 
+# The documentation site (mkdocs.yml, docs/): the docs extra and Debian's chromium + chromedriver for the
+# browser check (tests/docs/test_site.py, which make test also runs, skipping it where they are missing).
+DOCS_STAMP := $(VENV)/.polydist-docs-installed
+
+docs-setup: $(DOCS_STAMP)
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[examples,test,plot,docs]"
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) || \
+		echo "chromium could not be installed: the browser check will skip"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	$(BIN)/python -m pytest tests/docs -p no:cacheprovider
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache site

@@ -362,7 +362,8 @@ def groups(t: Tour) -> None:
     r, n = t.rank, t.n
     t.section("groups: new_group and rank lists (seeds 001, 004)")
     # Seed 004: new_group([0, 1]); all_reduce of ones inside it -> 2 on ranks 0 and 1.
-    # polydist: only the members create and use it (others would get a ValueError).
+    # polydist: here only the members create and use it (with torch's rules every rank may call
+    # new_group([0, 1]); the others get GroupMember.NON_GROUP_MEMBER).
     # [polydist] groups are named from their ranks alone, so a group that only
     # some ranks created does not upset the ones created after it (torch's own
     # use_local_synchronization naming hangs there, pytorch/pytorch#189073).

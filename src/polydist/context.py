@@ -58,9 +58,13 @@ __all__ = [
 _world: Optional[World] = None  # the live world's state; see world()
 _local_rank_hint: Optional[int] = None  # set_local_rank(), for user-made groups without LOCAL_RANK
 
-has_native_dist_support: bool = dist.is_available()  # ignite's flags, under its names
+# ignite's flags, under its names
+has_native_dist_support: bool = dist.is_available()
+"""True when this PyTorch has ``torch.distributed`` (ignite's ``idist.has_native_dist_support``)."""
 has_xla_support: bool = importlib.util.find_spec("torch_xla") is not None
+"""True when ``torch_xla`` is installed (ignite's flag; polydist has no XLA backend)."""
 has_hvd_support: bool = importlib.util.find_spec("horovod") is not None
+"""True when ``horovod`` is installed (ignite's flag; polydist has no Horovod backend yet)."""
 
 
 # ---------------------------------------------------------------- set-up
@@ -105,7 +109,8 @@ def initialize(
             collectives have no timeout (the MPI standard has none): on the
             ``mpi`` backend a rank that raises ends the job with
             ``MPI_Abort`` and a rank that dies is ended by ``mpiexec``.
-        rank, world_size: override what the launcher exported.
+        rank: this process's rank, overriding what the launcher exported.
+        world_size: the number of ranks, overriding what the launcher exported.
         **kwargs: passed on to ``torch.distributed.init_process_group``.
 
     Behaviour:

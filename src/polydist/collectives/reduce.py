@@ -185,7 +185,9 @@ def reduce(tensor: Any, dst: int = 0, op: OpLike = "SUM", group: GroupLike = Non
     Args:
         tensor: a tensor (same shape and dtype on every rank) or a Python number.
         dst: global rank that receives the result.
-        op, group, async_op: as for :func:`all_reduce`.
+        op: as for :func:`all_reduce`.
+        group: as for :func:`all_reduce`.
+        async_op: as for :func:`all_reduce`.
 
     Returns:
         On ``dst``: ``tensor`` holding the result **in place** (a number: the
@@ -267,7 +269,9 @@ def reduce_scatter(tensor: torch.Tensor, op: OpLike = "SUM", group: GroupLike = 
             every rank. It is split along dim 0 into group-size chunks as
             ``torch.tensor_split`` does: when ``tensor.shape[0]`` does not divide,
             the first ``tensor.shape[0] % size`` chunks have one row more.
-        op, group, async_op: as for :func:`all_reduce`.
+        op: as for :func:`all_reduce`.
+        group: as for :func:`all_reduce`.
+        async_op: as for :func:`all_reduce`.
 
     Returns:
         A new tensor: chunk ``i`` of the reduced ``tensor`` on group rank ``i``,

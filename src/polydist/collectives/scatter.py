@@ -73,7 +73,9 @@ def scatter(
             takes (mixed lists travel as values). Elsewhere: ignored (pass
             None).
         src: global rank of the source.
-        group, async_op, allow_pickle: as for :func:`~polydist.all_gather`.
+        group: as for :func:`~polydist.all_gather`.
+        async_op: as for :func:`~polydist.all_gather`.
+        allow_pickle: as for :func:`~polydist.all_gather`.
 
     Returns:
         This rank's item: on ``src`` the item itself; elsewhere a new tensor
@@ -144,7 +146,9 @@ def all_to_all(
         tensors: a list or tuple with one item per rank of the group: tensors of
             any shapes and dtypes, or any values the codec takes, mixed
             freely.
-        group, async_op, allow_pickle: as for :func:`~polydist.all_gather`.
+        group: as for :func:`~polydist.all_gather`.
+        async_op: as for :func:`~polydist.all_gather`.
+        allow_pickle: as for :func:`~polydist.all_gather`.
 
     Returns:
         A list in group-rank order: item ``j`` is what group rank ``j`` passed

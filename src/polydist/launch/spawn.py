@@ -53,9 +53,12 @@ def spawn(
         backend: as for :func:`polydist.initialize` (None: nccl with CUDA, else gloo).
         fn: a module-level (picklable) function; processes start with the
             ``spawn`` method, so it must be importable.
-        nnodes, node_rank, master_addr, master_port: multi-node jobs: run
-            ``spawn`` on each node with its ``node_rank`` and node 0's address.
-            Single-node jobs need none of them (a free loopback port is used).
+        nnodes: number of nodes, for multi-node jobs: run ``spawn`` on each
+            node with its ``node_rank`` and node 0's address. Single-node jobs
+            need none of these four (a free loopback port is used).
+        node_rank: this node's rank (0 .. nnodes - 1), for multi-node jobs.
+        master_addr: node 0's address, for multi-node jobs.
+        master_port: node 0's rendezvous port, for multi-node jobs.
         init_method: passed to :func:`polydist.initialize`.
         timeout: collective timeout, seconds or ``timedelta``, passed to
             :func:`polydist.initialize`: a collective that waits longer raises

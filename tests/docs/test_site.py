@@ -1,0 +1,93 @@
+"""The documentation site as a reader sees it: ``mkdocs build --strict``, then pages in headless Chromium.
+
+Builds ``site/`` (a broken link, a missing snippet or a docstring griffe
+cannot parse fails the build), serves it on 127.0.0.1, and opens the home
+page, a tutorial, an API page and the benchmarks page in Debian's
+``chromium`` through Selenium and ``chromedriver``. Each page must load with
+no console error, every image must have loaded (``naturalWidth > 0``), and
+API pages must hold rendered entries. Screenshots go to
+``site/_screenshots/`` for review. Skipped, with the reason, where mkdocs,
+Selenium or Chromium is not installed (``make docs`` installs them).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SITE = os.path.join(ROOT, "site")
+PAGES = ["", "tutorials/collectives/", "tutorials/mpi/", "reference/collectives/", "reference/context/", "benchmarks/"]
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _missing() -> str:
+    for module in ("mkdocs", "material", "mkdocstrings_handlers.python", "selenium"):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{module} is not installed (pip install -e '.[docs]', or make docs)"
+    for tool in ("chromium", "chromedriver"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (apt-get install chromium chromium-driver, or make docs)"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def site():
+    if _missing():
+        pytest.skip(_missing())
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", SITE],
+                         cwd=ROOT, capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=SITE)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser(site):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1600"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    yield driver
+    driver.quit()
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders_without_errors(page, site, browser):
+    browser.get(site + page)
+    assert browser.title and "404" not in browser.title
+    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == [], f"console errors on /{page}: {errors}"
+    broken = browser.execute_script(
+        "return Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
+    assert broken == [], f"images that did not load on /{page}: {broken}"
+    if page.startswith("reference/"):
+        entries = browser.execute_script("return document.querySelectorAll('.doc-object').length")
+        assert entries >= 3, f"/{page} has {entries} rendered API entries"
+        empty = browser.execute_script(
+            "return Array.from(document.querySelectorAll('.doc-contents')).filter(d => !d.textContent.trim()).length")
+        assert empty == 0, f"/{page} has {empty} empty API sections"
+    if page.startswith("benchmarks"):
+        assert browser.execute_script("return document.images.length") >= 1
+    shots = os.path.join(SITE, "_screenshots")
+    os.makedirs(shots, exist_ok=True)
+    browser.save_screenshot(os.path.join(shots, (page.strip("/").replace("/", "_") or "home") + ".png"))
