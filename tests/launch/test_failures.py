@@ -247,12 +247,18 @@ def test_timeout_names_the_rank_that_did_not_arrive(cli_env, tmp_path):
 def _slow_rank_2(local_rank):
     if pd.get_rank() == 2:
         time.sleep(60)
+    else:
+        # Ranks 0 and 1 enter the timed call together: their timeouts then fire within the grace
+        # (1 s) of each other. Under load their start-up alone can differ by more than that.
+        pd.barrier(group=[0, 1])
     pd.barrier()
 
 
 def _slow_rank_2_async(local_rank):
     if pd.get_rank() == 2:
         time.sleep(60)
+    else:
+        pd.barrier(group=[0, 1])  # in step, as in _slow_rank_2
     pd.all_reduce(torch.ones(1), async_op=True).wait()  # the timeout surfaces in wait(), named all the same
 
 
