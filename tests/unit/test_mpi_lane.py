@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_queued_work_runs_in_call_order_and_completes_futures():
     lane, seen, gate = Lane("mpi4py"), [], threading.Event()
-    first = lane.run(lambda: (gate.wait(10), seen.append(1)), "a", False, "t:a", ())
+    first = lane.run(lambda: (gate.wait(10), seen.append(1)), "a", False, "t", ())
     works = [lane.run(lambda i=i: seen.append(i), i, False, "t", ()) for i in range(2, 6)]
     assert not first.is_completed() and lane.pending == 5  # held by the gate: really pending
     fut = works[-1].get_future()
@@ -75,7 +75,7 @@ def test_profiled_work_is_an_async_event_with_input_shapes():
     lane = Lane("mpi")
     t = torch.ones(2, 3)
     with torch.profiler.profile(record_shapes=True) as prof:
-        lane.run(lambda: t.add_(1), [t], True, "mpi:all_reduce", [t]).wait()  # blocking, but profiled: queued
+        lane.run(lambda: t.add_(1), [t], True, "all_reduce", [t]).wait()  # blocking, but profiled: queued
     events = [e for e in prof.events() if e.name == "mpi:all_reduce"]
     assert [(e.input_shapes, e.is_async) for e in events] == [([[2, 3]], True)]
     lane.stop()

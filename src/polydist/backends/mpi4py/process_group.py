@@ -95,8 +95,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         return f"<MPIProcessGroup {self._backend} rank={self.rank()} size={self.size()}>"
 
     def _run(self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor]) -> Work:
-        blocking = not _mpi.opt(opts, "asyncOp", True)
-        return self._lane.run(body, result, blocking, f"{self._backend}:{op}", inputs)
+        return self._lane.run(body, result, not _mpi.opt(opts, "asyncOp", True), op, inputs)
 
     # ------------------------------------------------------------ reductions
 
@@ -141,15 +140,14 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Work:
         op = _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        setups = {t.dtype: _mpi.reduce_setup(t, op) for t in tensors}  # the op x dtype check, once per dtype
         for t in tensors:
-            _mpi.reduce_setup(t, op)
             _mpi.check_cpu(t)
         size = self.comm.Get_size()
 
         def body() -> None:
-            for dtype in dict.fromkeys(t.dtype for t in tensors):
+            for dtype, (name, mpi_op, wide) in setups.items():
                 members = [t for t in tensors if t.dtype == dtype]
-                name, mpi_op, wide = _mpi.reduce_setup(members[0], op)
                 flat = torch.cat([t.reshape(-1) for t in members]).to(wide or dtype)
                 self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.typed(flat), mpi_op)
                 if name == "AVG":
@@ -396,18 +394,18 @@ class MPIProcessGroup(dist.ProcessGroup):
         t = tensors[0]
         _mpi.check_cpu(t)
         c = t if t.is_contiguous() else t.contiguous()
-        work = request_work(tensors, self.comm.Isend(_mpi.raw(c), dst, tag), f"{self._backend}:send", tensors, self._backend)
+        work = request_work(tensors, self.comm.Isend(_mpi.raw(c), dst, tag), self._backend, "send", tensors)
         work._keep = c  # the buffer must outlive the send
         return work
 
     def recv(self, tensors: list, src: int, tag: int) -> Work:
         request = self.comm.Irecv(_mpi.raw(_recv_buffer(tensors[0])), src, tag)
-        return request_work(tensors, request, f"{self._backend}:recv", tensors, self._backend)
+        return request_work(tensors, request, self._backend, "recv", tensors)
 
     def recv_anysource(self, tensors: list, tag: int) -> Work:
         status = _mpi.MPI.Status()  # filled when the request completes; names the sender
         request = StatusRequest(self.comm.Irecv(_mpi.raw(_recv_buffer(tensors[0])), _mpi.MPI.ANY_SOURCE, tag), status)
-        return request_work(tensors, request, f"{self._backend}:recvAnySource", tensors, self._backend, source=status.Get_source)
+        return request_work(tensors, request, self._backend, "recvAnySource", tensors, source=status.Get_source)
 
 
 def _check_gather_outputs(what: str, outs: list, inp: torch.Tensor, size: int) -> None:

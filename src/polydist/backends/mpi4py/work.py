@@ -41,8 +41,9 @@ _exit = torch._C._autograd._record_function_with_args_exit
 profiling: Callable[[], bool] = torch._C._autograd._profiler_enabled
 
 
-def _record(title: str, tensors: Sequence[torch.Tensor]) -> Any:
-    return _enter(title, *tensors)
+def _record(backend: str, op: str, tensors: Sequence[torch.Tensor]) -> Any:
+    """Open the profiler event ``"<backend>:<op>"`` with the input tensors (their shapes are recorded)."""
+    return _enter(f"{backend}:{op}", *tensors)
 
 
 class Work(WorkBase):
@@ -153,11 +154,11 @@ def _wait_until(request: Any, seconds: float, backend: str) -> None:
         time.sleep(1e-4)
 
 
-def request_work(result: Any, request: Any, title: str, tensors: Sequence[torch.Tensor], backend: str, **kw: Any) -> Work:
+def request_work(result: Any, request: Any, backend: str, op: str, tensors: Sequence[torch.Tensor], **kw: Any) -> Work:
     """Work for a started MPI request; while profiling, the progress thread completes it (an async event)."""
     if not profiling():
         return Work(result, request, backend=backend, **kw)
-    work = Work(result, request, queued=True, record=_record(title, tensors), backend=backend, **kw)
+    work = Work(result, request, queued=True, record=_record(backend, op, tensors), backend=backend, **kw)
     _progress.add(work)
     return work
 
@@ -195,16 +196,19 @@ class Lane:
         self._cond = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
 
-    def run(self, body: Callable[[], None], result: Any, blocking: bool, title: str, tensors: Sequence[torch.Tensor]) -> Work:
+    def run(self, body: Callable[[], None], result: Any, blocking: bool, op: str, tensors: Sequence[torch.Tensor]) -> Work:
         """Run ``body`` (the MPI calls) in order with this lane's other work; Work for its ``result``.
 
         Inline when ``blocking`` and nothing is queued and no profiler records;
         otherwise queued. Errors raised by ``body`` reach ``wait()`` and the future.
+        ``op`` names the profiler event ``"<backend>:<op>"``.
         """
-        if blocking and not self.pending and not profiling():
+        profiled = profiling()
+        if blocking and not self.pending and not profiled:
             body()
             return Work(result, backend=self.backend)
-        work = Work(result, queued=True, record=_record(title, tensors) if profiling() else None, backend=self.backend)
+        record = _record(self.backend, op, tensors) if profiled else None
+        work = Work(result, queued=True, record=record, backend=self.backend)
         with self._cond:
             self.pending += 1
             self._queue.append((body, work))
@@ -214,14 +218,6 @@ class Lane:
                 _lanes.append(self)
             self._cond.notify()
         return work
-
-    def call(self, body: Callable[[], Any]) -> Any:
-        """Run ``body`` now, blocking, behind whatever is queued; its return value (polydist's lean path)."""
-        if not self.pending:
-            return body()
-        box: list = []
-        self.run(lambda: box.append(body()), None, False, "", ()).wait()
-        return box[0]
 
     def _loop(self) -> None:
         while True:
