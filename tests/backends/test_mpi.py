@@ -319,6 +319,9 @@ def _bad_calls():
         "xor_float": lambda: dist.all_reduce(torch.ones(2), dist.ReduceOp.BXOR),
         "max_complex": lambda: dist.all_reduce(torch.ones(2, dtype=torch.complex64), dist.ReduceOp.MAX),
         "split_sizes": lambda: dist.all_to_all_single(torch.empty(3), torch.empty(3), [1, 1, 2], [1, 1, 1]),
+        "gather_outputs": lambda: dist.all_gather([torch.empty(2), torch.empty(2)], torch.ones(2)),
+        "coalesced_lists": lambda: dist.all_gather_coalesced([[torch.empty(2)]] * 2, [torch.ones(2)]),
+        "coalesced_bytes": lambda: dist.all_gather_coalesced([[torch.empty(2)]] * 3, [torch.ones(3)]),
     }.items():
         try:
             call()
@@ -335,6 +338,11 @@ def test_bad_calls_raise_before_communicating(mpi_world3):
         assert errors["xor_float"].startswith("TypeError") and "XOR" in errors["xor_float"]
         assert "MAX" in errors["max_complex"] and "complex" in errors["max_complex"]  # torch's own check comes first
         assert errors["split_sizes"].startswith("ValueError") and "[1, 1, 2]" in errors["split_sizes"]
+        assert errors["gather_outputs"] == (
+            "ValueError: all_gather: need 3 tensors (one per rank) of 2 elements each, got [2, 2]")
+        assert errors["coalesced_lists"] == (
+            "ValueError: all_gather_coalesced: need 3 output lists (one per rank) of 1 tensors each, got [1, 1]")
+        assert errors["coalesced_bytes"] == "ValueError: all_gather_coalesced: output of 8 bytes for an input of 12"
 
 
 def _ddp_steps():
