@@ -52,9 +52,13 @@ class Resolved:
             the same calls): debug fingerprints and timeout messages number
             calls with it.
         key: a short name of the group for store keys.
+        predictors: slot-width predictors of the any-shape collectives
+            (:class:`polydist.collectives.pieces.Predictor`), by (collective, peer).
+        scratch: byte buffers those collectives reuse from call to call (never
+            a buffer a result is a view of), by name.
     """
 
-    __slots__ = ("pg", "ranks", "rank", "size", "group_rank", "backend", "device", "direct", "seq", "key")
+    __slots__ = ("pg", "ranks", "rank", "size", "group_rank", "backend", "device", "direct", "seq", "key", "predictors", "scratch")
 
     def __init__(self, pg: Optional["dist.ProcessGroup"], ranks: tuple[int, ...], rank: int) -> None:
         group = pg if pg is not None else _torch.default_pg()
@@ -64,6 +68,8 @@ class Resolved:
         self.device: torch.device = comm_device(self.backend)
         self.direct = group if isinstance(group, MPIProcessGroup) else None
         self.seq = 0
+        self.predictors: dict = {}
+        self.scratch: dict = {}
         text = "-".join(map(str, ranks))
         if len(text) > 64:  # a short store key for large groups (a name, not a secret)
             text = hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()

@@ -151,7 +151,13 @@ def _incompatible(name):
     ],
 )
 def test_incompatible_shapes_or_dtypes_value_error_on_every_rank(world3, name, fragments):
-    for error, after in world3.run(_incompatible, name):
+    """all_gather raises on every rank; gather on dst, the only rank that learns the others' pieces (the senders
+    return None as usual, and the group stays usable)."""
+    dst = {"gather_trailing": 2, "gather_dtype": 0}.get(name)
+    for r, (error, after) in enumerate(world3.run(_incompatible, name)):
+        if dst is not None and r != dst:
+            assert error is None and after == [0, 1, 2], error
+            continue
         assert error is not None and error[0] is ValueError, error
         for fragment in fragments:
             assert fragment in error[1], (fragment, error[1])

@@ -7,13 +7,17 @@ failure code), exactly as a corrupted or malicious process could. Runs on gloo
 and on the mpi4py backend (the ``world2`` fixture).
 """
 
+import struct
+
 import msgpack
 import pytest
 import torch
 import torch.distributed as dist
 
 import polydist as pd
+from polydist import context
 from polydist._torch import all_gather_single
+from polydist.groups import resolve
 from polydist.collectives import frames
 
 pytestmark = pytest.mark.timeout(240)
@@ -112,4 +116,50 @@ def _tensor_header_lies():
 def test_tensor_header_beyond_memory_is_refused(world2):
     (error, after), (_, after_hostile) = world2.run(_tensor_header_lies)
     assert error is not None and error[0] == "ValueError" and "rank 1" in error[1], error
+    assert after == after_hostile == 2.0
+
+
+# ------------------------------------------------------------ piece headers (all_gather, gather, scatter, all_to_all)
+
+_PIECE = struct.Struct("<4sBBBBqqq4q")  # polydist.collectives.pieces' header
+PIECE_LIES = {
+    "bad_magic": dict(magic=b"XXXX"),
+    "huge_length": dict(length=2**62),
+    "unknown_dtype_code": dict(code=200),
+    "too_many_dims": dict(ndim=65),
+    "negative_dim": dict(dims=(-1, 0, 0, 0), ndim=1, length=0),
+    "length_not_the_shape": dict(dims=(10, 0, 0, 0), ndim=1, length=8),  # 10 float32 are 40 bytes
+    "unknown_kind": dict(kind=9),
+}
+
+
+def _piece_header(lie: str) -> bytes:
+    fields = dict(magic=b"PDX1", kind=1, code=1, ndim=1, flags=0, length=8, aux=0, aux2=0, dims=(2, 0, 0, 0))
+    fields.update(PIECE_LIES[lie])
+    f = fields
+    return _PIECE.pack(f["magic"], f["kind"], f["code"], f["ndim"], f["flags"], f["length"], f["aux"], f["aux2"], *f["dims"])
+
+
+def _hostile_piece(lie):
+    """Rank 1 takes part in all_gather's first call with a lying piece header; rank 0 must refuse it by name."""
+    res = resolve(context.require_group(), None)
+    if pd.get_rank() == 1:
+        header = torch.frombuffer(bytearray(_piece_header(lie)), dtype=torch.uint8)
+        if res.direct is not None:  # MPI: the 64-byte headers travel alone first
+            all_gather_single(torch.empty(2 * 64, dtype=torch.uint8), header)
+        else:  # gloo: the header and a slot of the width both ranks predict
+            width = res.predictors[("all_gather",)].predict() if ("all_gather",) in res.predictors else 256
+            slot = torch.zeros(64 + width, dtype=torch.uint8)
+            slot[:64] = header
+            all_gather_single(torch.empty(2 * (64 + width), dtype=torch.uint8), slot)
+            res.predictors.pop(("all_gather",), None)  # as the honest rank does on a bad header
+        return None, _usable()
+    return _error_of(lambda: pd.all_gather(torch.ones(2))), _usable()
+
+
+@pytest.mark.parametrize("lie", sorted(PIECE_LIES))
+def test_lying_piece_header_is_refused_by_name(world2, lie):
+    (error, after), (_, after_hostile) = world2.run(_hostile_piece, lie)
+    assert error is not None and error[0] == "ValueError", (lie, error)
+    assert "rank 1 sent a malformed header" in error[1], error
     assert after == after_hostile == 2.0

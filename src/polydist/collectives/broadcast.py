@@ -19,7 +19,7 @@ from ..context import device
 from ..groups import GroupLike, Resolved
 from . import frames
 from .debug import describe_tensor
-from .layout import read_meta
+from .layout import read_meta, tensor_meta
 from .pipeline import Collective, contiguous, done, finish
 
 __all__ = ["broadcast", "barrier"]
@@ -137,7 +137,7 @@ def _framed_broadcast(x: Any, src: int, res: Resolved, async_op: bool, allow_pic
     frame = None
     if is_src:
         if isinstance(x, torch.Tensor):
-            frame = _TENSOR_FRAME + codec.encode([codec.dtype_name(x.dtype), list(x.shape)])
+            frame = _TENSOR_FRAME + tensor_meta(x)
         else:
             frame = frames.encode(x, allow_pickle)
             if isinstance(frame, bytes):
@@ -145,7 +145,7 @@ def _framed_broadcast(x: Any, src: int, res: Resolved, async_op: bool, allow_pic
     got = frames.broadcast_bytes(frame, src, res)
     if got[:1] == _VALUE_FRAME:
         return done(x if is_src else frames.decode_from(got[1:], src, "broadcast", device(), allow_pickle), async_op)
-    dtype_name, shape = read_meta(got[1:], src, "broadcast", raw=False)
+    dtype_name, shape = read_meta(got[1:], src, "broadcast")
     dtype = codec.torch_dtype(dtype_name)
     if is_src or (isinstance(x, torch.Tensor) and x.dtype == dtype and list(x.shape) == shape):
         target = x

@@ -1,12 +1,12 @@
 """Data-moving collectives of any shape: all_gather and gather (scatter and all_to_all: :mod:`~polydist.collectives.scatter`).
 
-Ranks may hold tensors of different shapes, or Python frames. Sizes travel in
-one small metadata round (the slots of :mod:`polydist.collectives.frames`), so
-callers never pass shapes; the data then moves in one ``torch.distributed``
-call — directly when every shape agrees, padded to the largest otherwise
-(all_to_all moves exact sizes with split sizes). Errors found on one rank
-(a wrong list length, an unsupported value) ride in the metadata round, so
-every rank raises the same exception type and none is left waiting.
+Ranks may hold tensors of different shapes, or Python values. A tensor
+travels as a piece (:mod:`~polydist.collectives.pieces`): its dtype and shape
+in a fixed header beside its bytes, so callers never pass shapes and the
+common case — the same shapes as in earlier calls — costs one
+``torch.distributed`` call (:mod:`~polydist.collectives.exchange`; on MPI,
+a header exchange and one ``Allgatherv``/``Gatherv`` at the exact sizes).
+Python values travel as codec frames (:mod:`~polydist.collectives.frames`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ import reprlib
 from typing import Any, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from .. import codec
 from . import frames
-from .layout import Layout, as_bytes, offsets_of, read_meta, tensor_meta
-from .pipeline import Collective, done, finish
-from .._torch import all_gather_single
+from .exchange import Received, all_gather_pieces, gather_pieces, joined
+from .pieces import TENSOR, Header, Piece, raise_failures, tensor_of
+from .pipeline import Collective, done
 from ..context import world
 from ..groups import GroupLike, Resolved, resolve
 from .debug import describe_tensor
@@ -32,22 +31,59 @@ def _ranks(res: Resolved, items: list) -> str:
     return ", ".join(f"rank {r}: {item}" for r, item in zip(res.ranks, items))
 
 
-def _exchange_layout(x: torch.Tensor, res: Resolved, name: str, concat: bool) -> Layout:
-    """All-gather every rank's dtype and shape; ``ValueError`` on every rank when they cannot combine."""
-    limit = frames.inline_size(frames.slot_size(res.size))
-    received = frames.all_gather_bytes(tensor_meta(x, [], limit)[0], res, name)
-    rows = [read_meta(b, r, name) for b, r in zip(received, res.ranks)]
-    dtypes, shapes = [r[0] for r in rows], [tuple(r[1]) for r in rows]
+def _combine(got: Received, res: Resolved, name: str, concat: bool, device: torch.device) -> Any:
+    """The tensors the received pieces hold: concatenated along dim 0, or as a list, on ``device``.
+
+    Raises (on every rank that received the pieces): the failure a rank
+    announced; ``ValueError`` when dtypes differ, or with ``concat`` when
+    trailing dims differ, naming each rank's. The checks run once per set
+    of headers (:class:`~polydist.collectives.pieces.Plan` keeps the outcome).
+    """
+    plan = got.plan
+    if plan.failed:
+        raise_failures(plan.headers, got.bodies, name)
+    shape = plan.memo.get(concat)
+    if shape is None:
+        shape = plan.memo[concat] = _result_shape(plan.headers, res, name, concat)
+    if shape == "list" or shape == "tensors":
+        tensors = [tensor_of(h, b, name) for h, b in zip(plan.headers, got.bodies)]
+        if shape == "tensors":  # shapes beyond a header's 4 dims came in the bodies: check them now
+            _check_shapes(res, name, concat, [tuple(t.shape) for t in tensors])
+            if concat:
+                out = torch.cat([t.reshape(1) if t.dim() == 0 else t for t in tensors])
+                return out if out.device == device else out.to(device)
+        return tensors if tensors[0].device == device else [t.to(device) for t in tensors]
+    # MPI: the bodies already lie back to back in a new buffer; else they are copied out of the slots
+    data = got.buffer if got.buffer is not None else joined(got.bodies, copy=True)
+    out = data.view(plan.headers[0].dtype).view(shape)
+    return out if out.device == device else out.to(device)
+
+
+def _result_shape(headers: list[Header], res: Resolved, name: str, concat: bool) -> Any:
+    """The concatenation's shape; "list" (concat=False); "tensors" (a shape has more dims than a header holds)."""
+    for h in headers:
+        if h.kind != TENSOR:
+            raise ValueError(f"{name}: rank {h.rank} sent a value where every rank sends a tensor")
+    dtypes = [codec.dtype_name(h.dtype) for h in headers]
     if len(set(dtypes)) > 1:
         raise ValueError(f"{name} needs one dtype on every rank, got {_ranks(res, dtypes)}")
-    if concat:
-        shapes = [s if s else (1,) for s in shapes]
-        if len({s[1:] for s in shapes}) > 1:
-            raise ValueError(
-                f"{name}(concat=True) needs the same trailing dims on every rank "
-                f"(only dim 0 may differ), got {_ranks(res, shapes)}; pass concat=False for a list"
-            )
-    return Layout(dtypes[0], shapes, [r[2] for r in rows])
+    if any(h.ndim > len(h.dims) for h in headers):
+        return "tensors"
+    shapes = [tuple(h.dims) for h in headers]
+    _check_shapes(res, name, concat, shapes)
+    if not concat:
+        return "list"
+    shapes = [s if s else (1,) for s in shapes]
+    return (sum(s[0] for s in shapes), *shapes[0][1:])
+
+
+def _check_shapes(res: Resolved, name: str, concat: bool, shapes: list) -> None:
+    shapes = [s if s else (1,) for s in shapes]
+    if concat and len({s[1:] for s in shapes}) > 1:
+        raise ValueError(
+            f"{name}(concat=True) needs the same trailing dims on every rank "
+            f"(only dim 0 may differ), got {_ranks(res, shapes)}; pass concat=False for a list"
+        )
 
 
 def _serial_gather(x: Any, concat: bool, allow_pickle: Optional[bool]) -> Any:
@@ -79,7 +115,9 @@ def all_gather(
             trailing dims must agree. False: return the list of per-rank
             tensors, any shapes.
         async_op: return a :class:`~polydist.Work` whose ``wait()`` returns
-            the result (the metadata round runs before returning).
+            the result. The exchange completes before the call returns: a
+            second round, when a size outgrew its prediction, must be issued
+            at the same point on every rank.
         allow_pickle: pickle values the safe codec does not support (and
             accept pickled values) for this call; None follows
             :func:`~polydist.set_allow_pickle`. Unpickling can run code.
@@ -122,25 +160,8 @@ def _all_gather_body(res: Resolved, x: Any, concat: bool, allow_pickle: Optional
     if not isinstance(x, torch.Tensor):
         rows = frames.all_gather_bytes(frames.encode(x, allow_pickle), res)
         return done(frames.decode_all(rows, res, "all_gather", allow_pickle), async_op)
-    layout = _exchange_layout(x, res, "all_gather", concat)
-    if layout.inline:
-        return done(layout.from_inline(x.device, concat), async_op)
-    if layout.even:
-        out = torch.empty(res.size * layout.width, dtype=torch.uint8, device=x.device)
-        work = all_gather_single(out, layout.flat(x), group=res.pg, async_op=async_op)
-        return finish(lambda: layout.split(out, concat), [work], async_op)
-    # Uneven: each rank broadcasts its piece straight into its place in the result — no padding, no
-    # concatenation afterwards (torch's uneven all_gather on NCCL works the same way).
-    out = torch.empty(sum(layout.nbytes), dtype=torch.uint8, device=x.device)
-    offsets = offsets_of(layout.nbytes)
-    me = res.group_rank
-    out[offsets[me] : offsets[me] + layout.nbytes[me]].copy_(as_bytes(x))
-    works = [
-        dist.broadcast(out[o : o + n], src, group=res.pg, async_op=True)
-        for src, o, n in zip(res.ranks, offsets, layout.nbytes)
-        if n
-    ]
-    return finish(lambda: layout.packed(out, concat), works, async_op)
+    got = all_gather_pieces(res, Piece.tensor(x, res.device), "all_gather", views=not concat)
+    return done(_combine(got, res, "all_gather", concat, x.device), async_op)
 
 
 _ALL_GATHER = Collective("all_gather", _all_gather_body, _serial_gather, _all_gather_fingerprint)
@@ -226,9 +247,11 @@ def gather(
     Raises:
         ValueError: ``dst`` not in the group (on the rank that passed it,
             before communication); dtypes or trailing dims that cannot be
-            combined (on every rank).
+            combined (on ``dst``, the only rank that sees every piece; the
+            others return None as usual).
         TypeError: ``dst`` not an int; a value that cannot be encoded (on
-            every rank).
+            every rank); a tensor of a dtype that cannot travel (on that
+            rank and on ``dst``).
 
     Source: ``torch.distributed.gather`` (which needs equal shapes on gloo).
     """
@@ -244,13 +267,8 @@ def _gather_body(res: Resolved, x: Any, concat: bool, allow_pickle: Optional[boo
     if not isinstance(x, torch.Tensor):
         rows = frames.gather_bytes(frames.encode(x, allow_pickle), dst, res)
         return done(frames.decode_all(rows, res, "gather", allow_pickle) if here else None, async_op)
-    layout = _exchange_layout(x, res, "gather", concat)
-    if layout.inline:
-        return done(layout.from_inline(x.device, concat) if here else None, async_op)
-    out = torch.empty(res.size * layout.width, dtype=torch.uint8, device=x.device) if here else None
-    outs = list(out.chunk(res.size)) if here else None
-    work = dist.gather(layout.flat(x), outs, dst=dst, group=res.pg, async_op=async_op)
-    return finish(lambda: layout.split(out, concat) if here else None, [work], async_op)
+    got = gather_pieces(res, Piece.tensor(x, res.device), dst, "gather")
+    return done(_combine(got, res, "gather", concat, x.device) if here else None, async_op)
 
 
 _GATHER = Collective(

@@ -26,7 +26,7 @@ from .. import codec
 from ..settings import is_debug
 from . import frames
 from .debug import describe_tensor
-from .layout import read_meta
+from .layout import read_meta, tensor_meta
 from .pipeline import Collective, contiguous
 from ..context import device
 from ..errors import CollectiveMismatchError
@@ -77,7 +77,7 @@ def _post_send(x: Any, dst: int, res: Resolved, tag: int, allow_pickle: Optional
     if isinstance(x, torch.Tensor):
         works = []
         if is_debug():
-            header = codec.encode([codec.dtype_name(x.dtype), list(x.shape)])
+            header = tensor_meta(x)
             works.append(dist.isend(_bytes_tensor(frames.make_slot(header, _TENSOR_MAGIC), res), dst, res.pg, tag))
         return [*works, dist.isend(_on_comm_device(x, res), dst, res.pg, tag)]
     payload = frames.encode(x, allow_pickle)
@@ -187,7 +187,7 @@ def _read_value(slot: torch.Tensor, src: int, res: Resolved, tag: int, allow_pic
         raise _frame_error(src, res, "a value", "data that is not a polydist value frame (a raw tensor?)")
     length, magic, body = frames.read_slot(raw, src, "recv")
     if magic == _TENSOR_MAGIC:
-        dtype_name, shape = read_meta(body, src, "recv", raw=False)
+        dtype_name, shape = read_meta(body, src, "recv")
         _drain_tensor(dtype_name, shape, src, res, tag)
         raise _frame_error(src, res, "a value", f"a tensor {dtype_name}{list(shape)}")
     frames.raise_failures([(length, magic, body)], [src], "recv", None)
@@ -210,7 +210,7 @@ def _check_header(slot: torch.Tensor, x: torch.Tensor, src: int, res: Resolved, 
         if length > frames.inline_size(frames.PAIR_SLOT):
             dist.recv(_empty(length, res), src, res.pg, tag)
         raise _frame_error(src, res, f"a tensor {mine}", "a value")
-    dtype_name, shape = read_meta(body, src, "recv", raw=False)
+    dtype_name, shape = read_meta(body, src, "recv")
     if dtype_name != codec.dtype_name(x.dtype) or list(shape) != list(x.shape):
         _drain_tensor(dtype_name, shape, src, res, tag)
         theirs = describe_tensor(codec.torch_dtype(dtype_name), shape)

@@ -10,6 +10,7 @@ initializes MPI.
 from __future__ import annotations
 
 import atexit
+import itertools
 import importlib.util
 from typing import Any, Optional, Sequence
 
@@ -170,11 +171,17 @@ def byte_counts(t: torch.Tensor, splits: Sequence[int], size: int, what: str) ->
     return [s * row_bytes for s in splits]
 
 
+def address(t: torch.Tensor) -> Any:
+    """``t``'s memory as an MPI buffer (``t`` contiguous, on the CPU)."""
+    return MPI.buffer.fromaddress(t.data_ptr(), t.nbytes)
+
+
+def offsets_of(counts: Sequence[int]) -> list[int]:
+    """Displacements of ``counts`` laid back to back."""
+    return list(itertools.accumulate(counts, initial=0))[:-1]
+
+
 def counted(t: torch.Tensor, counts: list[int]) -> list:
-    displacements, offset = [], 0
-    for c in counts:
-        displacements.append(offset)
-        offset += c
-    return [MPI.buffer.fromaddress(t.data_ptr(), t.nbytes), (counts, displacements), MPI.BYTE]
+    return [address(t), (counts, offsets_of(counts)), MPI.BYTE]
 
 

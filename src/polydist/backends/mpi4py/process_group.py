@@ -43,7 +43,7 @@ How operations map onto MPI:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -387,6 +387,107 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> Work:
         return self._run("barrier", self.comm.Barrier, None, opts, ())
+
+    # ------------------------------------------------------------ polydist's piece exchanges (blocking, direct)
+
+    # polydist's any-shape collectives (polydist.collectives.exchange) call these instead of
+    # torch.distributed's: sizes differ per rank, which MPI's v-collectives take as they are
+    # (no padding), and a small call costs about as much as torch's dispatch into a Python
+    # group. Each is two MPI calls, in call order with the lane's queued work: the fixed-size
+    # headers, then the bodies at the sizes ``plan(headers)`` gives — an object with
+    # ``lengths`` (bytes per group rank), ``offsets`` and ``total``, the same on every rank
+    # that received the same headers (or an exception, raised by all of them alike before
+    # the second call). A plan that is ``even`` (every body the same length, every sender
+    # agreeing: the same on all ranks) takes the fixed-size collective, which mpich runs
+    # faster than the v-one at large sizes. Received bodies land back to back in one new
+    # uint8 tensor. Sent bodies: contiguous CPU tensors. ``root``: a group rank.
+
+    def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
+        """Every rank's header and body; returns ``(plan, bodies)``."""
+        heads = bytearray(len(header) * self.comm.Get_size())
+        done: list = []
+
+        def run() -> None:
+            self.comm.Allgather([header, _mpi.MPI.BYTE], [heads, _mpi.MPI.BYTE])
+            p = plan(bytes(heads))
+            out = torch.empty(p.total, dtype=torch.uint8)
+            if p.even:
+                self.comm.Allgather(_mpi.raw(body), _mpi.raw(out))
+            else:
+                self.comm.Allgatherv(_mpi.raw(body), [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE])
+            done.append((p, out))
+
+        self._lane.call(run, "all_gather", [body])
+        return done[0]
+
+    def gather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any], root: int) -> Any:
+        """On ``root``: ``(plan, bodies)`` of every rank's piece; elsewhere None."""
+        here = self.comm.Get_rank() == root
+        heads = bytearray(len(header) * self.comm.Get_size()) if here else None
+        done: list = [None]
+
+        def run() -> None:
+            self.comm.Gather([header, _mpi.MPI.BYTE], [heads, _mpi.MPI.BYTE] if here else None, root)
+            if not here:
+                self.comm.Gatherv(_mpi.raw(body), None, root)
+                return
+            p = plan(bytes(heads))
+            out = torch.empty(p.total, dtype=torch.uint8)
+            self.comm.Gatherv(_mpi.raw(body), [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE], root)
+            done[0] = (p, out)
+
+        self._lane.call(run, "gather", [body])
+        return done[0]
+
+    def scatter_pieces(
+        self, headers: Optional[bytes], bodies: Optional[torch.Tensor], lengths: Sequence[int], root: int,
+        size: int, length_of: Callable[[bytes], int],
+    ) -> tuple[bytes, torch.Tensor]:  # fmt: skip
+        """This rank's ``size``-byte header and its body, out of root's ``headers`` and ``bodies`` (``lengths``
+        bytes per rank, back to back; read on root only); ``length_of(header)`` is ``(the body's length,
+        whether root's bodies are even)``."""
+        here = self.comm.Get_rank() == root
+        mine = bytearray(size)
+        done: list = []
+
+        def run() -> None:
+            self.comm.Scatter([headers, _mpi.MPI.BYTE] if here else None, [mine, _mpi.MPI.BYTE], root)
+            length, even = length_of(bytes(mine))
+            out = torch.empty(length, dtype=torch.uint8)
+            if even:
+                self.comm.Scatter(_mpi.raw(bodies) if here else None, _mpi.raw(out), root)
+            else:
+                send = [_mpi.address(bodies), (list(lengths), _mpi.offsets_of(lengths)), _mpi.MPI.BYTE] if here else None
+                self.comm.Scatterv(send, _mpi.raw(out), root)
+            done.append((bytes(mine), out))
+
+        self._lane.call(run, "scatter", [])
+        return done[0]
+
+    def all_to_all_pieces(
+        self, headers: bytes, bodies: torch.Tensor, lengths: Sequence[int], plan: Callable[[bytes], Any]
+    ) -> tuple[Any, torch.Tensor]:
+        """Header ``i`` and body ``i`` (``lengths[i]`` bytes, back to back in ``bodies``) go to group rank ``i``;
+        returns ``(plan, bodies)`` of what came in."""
+        heads = bytearray(len(headers))
+        done: list = []
+
+        def run() -> None:
+            self.comm.Alltoall([headers, _mpi.MPI.BYTE], [heads, _mpi.MPI.BYTE])
+            p = plan(bytes(heads))
+            out = torch.empty(p.total, dtype=torch.uint8)
+            if p.even:  # every sender's bodies even, all of one length: so are this rank's
+                self.comm.Alltoall(_mpi.raw(bodies), _mpi.raw(out))
+                done.append((p, out))
+                return
+            self.comm.Alltoallv(
+                [_mpi.address(bodies), (list(lengths), _mpi.offsets_of(lengths)), _mpi.MPI.BYTE],
+                [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE],
+            )
+            done.append((p, out))
+
+        self._lane.call(run, "all_to_all", [bodies])
+        return done[0]
 
     # ------------------------------------------------------------ point-to-point
 

@@ -219,6 +219,17 @@ class Lane:
             self._cond.notify()
         return work
 
+    def call(self, body: Callable[[], None], op: str, tensors: Sequence[torch.Tensor]) -> None:
+        """Run ``body`` now, in order with the queued work (inline when idle, as :meth:`run`), and return when done.
+
+        :meth:`run` and ``wait()`` minus the :class:`Work` handle, which costs as
+        much as a small MPI call: polydist's blocking byte exchanges take this.
+        """
+        if not self.pending and not profiling():
+            body()
+        else:
+            self.run(body, None, True, op, tensors).wait()
+
     def _loop(self) -> None:
         while True:
             with self._cond:
