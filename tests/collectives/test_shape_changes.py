@@ -140,3 +140,43 @@ def test_gather_timeout_names_the_rank_that_did_not_arrive():
     text = str(info.value)
     assert "CollectiveTimeoutError: " in text and "on group [0, 1, 2] timed out after 2 s" in text, text
     assert "2] did not arrive" in text, text
+
+
+BIG = (4 << 20) // 4 + 1000  # float32 elements: past the width from which scatter and all_to_all send headers first
+
+
+def _wide_and_narrow(seed: int, steps: int) -> int:
+    """scatter and all_to_all switching between slots beside headers and headers first (> 4 MiB), uneven too."""
+    r, n = pd.get_rank(), pd.get_world_size()
+    plan = random.Random(seed)
+    checks = 0
+    wide = []
+    originals = exchange._scatter_wide, exchange._all_to_all_wide
+    exchange._scatter_wide = lambda *a: (wide.append("scatter"), originals[0](*a))[1]
+    exchange._all_to_all_wide = lambda *a: (wide.append("all_to_all"), originals[1](*a))[1]
+    try:
+        checks = _switching(plan, r, n, steps)
+    finally:
+        exchange._scatter_wide, exchange._all_to_all_wide = originals
+    direct = resolve(context.require_group(), None).direct is not None  # MPI: headers first at every size
+    return checks, direct or {"scatter", "all_to_all"} <= set(wide)
+
+
+def _switching(plan: random.Random, r: int, n: int, steps: int) -> int:
+    checks = 0
+    for step in range(steps):
+        sizes = [plan.choice([5, BIG, BIG + 16 * plan.randrange(3)]) for _ in range(n)]
+        root = plan.randrange(n)
+        sent = [_item(i, step, sizes[i]) for i in range(n)]
+        got = pd.scatter(sent if r == root else None, src=root)
+        assert torch.equal(got, sent[r]), ("scatter", step, sizes)
+        mine = [_item(10 * r + i, step, sizes[(r + i) % n]) for i in range(n)]
+        got = pd.all_to_all(mine)
+        want = [_item(10 * j + r, step, sizes[(j + r) % n]) for j in range(n)]
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), ("all_to_all", step, sizes)
+        checks += 2
+    return checks
+
+
+def test_megabyte_items_switch_to_headers_first_and_back(world3):
+    assert world3.run(_wide_and_narrow, 3, 10) == [(20, True)] * 3
