@@ -69,7 +69,7 @@ def _predictor(res: Resolved, key: tuple) -> Predictor:
     return p
 
 
-_SCRATCH_LIMIT = 256 << 20  # larger buffers are allocated per call, not kept
+_SCRATCH_LIMIT = 64 << 20  # larger buffers are allocated per call, not kept (their transfer dwarfs the faults)
 
 
 def _scratch(res: Resolved, name: str, nbytes: int, device: torch.device) -> torch.Tensor:
@@ -78,7 +78,7 @@ def _scratch(res: Resolved, name: str, nbytes: int, device: torch.device) -> tor
     Fresh memory costs a page fault per 4 KiB on first touch (about as much as
     copying it), so buffers that do not outlive the call — send slots, a
     receive buffer the result is copied out of — are kept; the largest size
-    seen is kept, up to 256 MiB.
+    seen is kept, up to 64 MiB.
     """
     buf = res.scratch.get(name)
     if buf is None or buf.numel() < nbytes or buf.device != device:

@@ -64,9 +64,9 @@ def scatter(
 
     Args:
         tensors: on ``src``: a list or tuple with one item per rank of the group —
-            tensors (shapes may differ; one dtype), or any values the codec
-            takes (mixed lists travel as values). Elsewhere: ignored (pass
-            None).
+            tensors of any shapes and dtypes, or any values the codec takes,
+            mixed freely (a tensor item arrives as a tensor). Elsewhere:
+            ignored (pass None).
         src: global rank of the source.
         group: as for :func:`~polydist.all_gather`.
         async_op: as for :func:`~polydist.all_gather`.
