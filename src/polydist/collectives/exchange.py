@@ -1,23 +1,30 @@
 """How :mod:`~polydist.collectives.pieces` move: all_gather, gather, scatter and all_to_all of pieces.
 
-Each function takes this rank's piece(s) and returns the received headers
-and bodies (flat uint8 tensors, exactly each header's length). Two ways,
-chosen by the group's backend (the same on every rank):
+Each function takes this rank's piece(s) and returns what arrived as a
+:class:`Received`: the checked headers (a cached
+:class:`~polydist.collectives.pieces.Plan`) and the bodies, flat uint8
+tensors of exactly each header's length. Two ways, chosen by the group's
+backend (the same on every rank):
 
 * **mpi4py** (the group's blocking methods, minus torch.distributed's
-  dispatch): the 64-byte headers in one fixed-size MPI collective, then
-  the bodies in one v-collective (``Allgatherv``, ``Gatherv``, ``Scatterv``,
-  ``Alltoallv``) straight into the result buffer at their exact sizes — no
-  padding, no copies, two small latencies on shared memory.
+  dispatch): the 64-byte headers in one fixed-size MPI collective, then the
+  bodies straight into the result at their exact sizes (``Allgatherv``,
+  ``Gatherv``, ``Scatterv``, ``Alltoallv``, or the fixed-size form when every
+  length agrees) — no padding, no copies, two small latencies on shared
+  memory.
 * **every other backend** (gloo, nccl, ...): one ``torch.distributed`` call
   moves headers and bodies together, each in a slot of a width predicted
   identically on every rank that takes part (:class:`pieces.Predictor`, on
   history they all saw). Bodies longer than their slot send the rest in a
-  second call that every rank learns about from the headers. Widths are
-  agreed per pair of ranks where only the pair knows the sizes: all_to_all
-  (both ends of a message see its header), gather (point-to-point to the
-  root: only the root learns the senders' sizes) and scatter (the root
-  announces the next call's width in the headers it sends).
+  second call that every rank learns about from the headers. all_gather's
+  width is the group's; all_to_all's is the group's while small (every
+  sender announces its longest body to everyone) and each pair's above;
+  gather's is each sender's own (point to point to the root, which alone
+  learns the senders' sizes); scatter's is announced by the root in the
+  headers of the call before. From a predicted 4 MiB on, scatter and
+  all_to_all send the headers first and the bodies straight from the
+  caller's tensors instead of copying them into slots. Buffers that no
+  result is a view of are reused from call to call (:func:`_scratch`).
 
 A malformed header raises ``ValueError`` naming the sender (:func:`pieces.read`)
 and forgets the predictions involved, so the honest ranks keep agreeing.

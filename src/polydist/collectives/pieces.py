@@ -9,16 +9,19 @@ instead of in a metadata round before them::
     [5]      tensor: dtype code (:data:`DTYPES`); failure: 1 TypeError, 2 ValueError
     [6]      tensor: number of dims (at most codec.MAX_DIMS)
     [7]      flags: bit 0 = the sender has a remainder for someone (all_to_all);
-             bit 1 = the sender's bodies of this call all have this length (MPI)
+             bit 1 = the sender's bodies of this call all have this length
     [8:16)   int64 body length in bytes
-    [16:24)  int64 aux: scatter's slot width for the next call
-    [24:32)  int64 aux2: scatter's remainder width in this call
+    [16:24)  int64 aux: scatter's slot width for the next call; all_to_all:
+             the sender's longest body in this call
+    [24:32)  int64 aux2: scatter's remainder width in this call (headers
+             first: the longest body)
     [32:64)  int64 dims 0-3; a tensor with more dims starts its body with
              the rest (8 bytes each, padded to 16)
 
 Body: a tensor's elements (after the extra dims), a value's codec bytes, or
-a failure's message. The body starts 16-byte aligned, so a received tensor
-is a view into the receive buffer for every dtype.
+a failure's message. In a slot the body starts 16-byte aligned, so a
+received tensor is a view into the receive buffer for every dtype (a body
+that lands unaligned, e.g. after a value on MPI, is copied).
 
 Where the bytes go is a *slot* of an agreed width per message. Ranks cannot
 know each other's sizes in advance, so the width is *predicted*
