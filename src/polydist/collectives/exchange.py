@@ -33,7 +33,7 @@ and forgets the predictions involved, so the honest ranks keep agreeing.
 from __future__ import annotations
 
 from itertools import accumulate
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -64,9 +64,30 @@ class Received:
     @property
     def bodies(self) -> list[torch.Tensor]:
         if self._bodies is None:
-            b = self.buffer
+            b = flat_bytes(self.buffer)
             self._bodies = [b[o : o + n] for o, n in zip(self.plan.offsets, self.plan.lengths)]
         return self._bodies
+
+
+Into = Callable[[Plan], Optional[torch.Tensor]]
+
+
+def _planner(res: Resolved, what: str, into: Optional[Into]) -> Callable[[bytes], tuple[Plan, torch.Tensor]]:
+    """For the MPI group's piece exchanges: received headers → ``(plan, where the bodies land)``.
+
+    ``into(plan)`` may give the result tensor itself (a concatenation of
+    bodies of one dtype, allocated in its dtype and shape, so no view has to
+    be taken afterwards); by default, a uint8 buffer. It must not raise: on
+    a gather only the root plans, and the senders are already on their way
+    to the body call.
+    """
+
+    def planned(raw: bytes) -> tuple[Plan, torch.Tensor]:
+        plan = plan_of(raw, res.ranks, what)
+        out = into(plan) if into is not None else None
+        return plan, out if out is not None else torch.empty(plan.total, dtype=torch.uint8)
+
+    return planned
 
 
 def _predictor(res: Resolved, key: tuple) -> Predictor:
@@ -158,14 +179,13 @@ def _offsets(lengths: list[int]) -> list[int]:
 # ---------------------------------------------------------------- all_gather
 
 
-def all_gather_pieces(res: Resolved, piece: Piece, what: str, views: bool = True) -> Received:
+def all_gather_pieces(res: Resolved, piece: Piece, what: str, views: bool = True, into: Optional[Into] = None) -> Received:
     """Every member's piece, in group-rank order. ``views=False``: the caller copies the bodies out before
-    the next call on the group (so the receive buffer can be reused)."""
+    the next call on the group (so the receive buffer can be reused); ``into``: see :func:`_planner`."""
     dev = res.device
     if res.direct is not None:
         piece.flags = EVEN  # one body per sender: the plan is even when all lengths agree
-        plan, out = res.direct.allgather_pieces(piece.header(), _body(piece, dev), lambda raw: plan_of(raw, res.ranks, what))
-        return Received(plan, out)
+        return Received(*res.direct.allgather_pieces(piece.header(), _body(piece, dev), _planner(res, what, into)))
     key = ("all_gather",)
     pred = _predictor(res, key)
     width = pred.predict()
@@ -197,12 +217,12 @@ def all_gather_pieces(res: Resolved, piece: Piece, what: str, views: bool = True
 # ---------------------------------------------------------------- gather
 
 
-def gather_pieces(res: Resolved, piece: Piece, dst: int, what: str) -> Optional[Received]:
-    """Every member's piece on global rank ``dst`` (group-rank order); None elsewhere."""
+def gather_pieces(res: Resolved, piece: Piece, dst: int, what: str, into: Optional[Into] = None) -> Optional[Received]:
+    """Every member's piece on global rank ``dst`` (group-rank order); None elsewhere. ``into``: see :func:`_planner`."""
     dev, here = res.device, res.rank == dst
     root = res.ranks.index(dst)
     if res.direct is not None:
-        got = res.direct.gather_pieces(piece.header(), _body(piece, dev), lambda raw: plan_of(raw, res.ranks, what), root)
+        got = res.direct.gather_pieces(piece.header(), _body(piece, dev), _planner(res, what, into), root)
         return Received(*got) if here else None
     if not here:  # to the root only; the width is this pair's own
         pred = _predictor(res, ("gather", dst))
@@ -347,7 +367,7 @@ def all_to_all_pieces(res: Resolved, pieces: list[Piece], what: str) -> Received
         heads = b"".join(p.header() for p in pieces)
         plan, out = res.direct.all_to_all_pieces(
             heads, joined([_body(p, dev) for p in pieces]), [p.length for p in pieces],
-            lambda raw: plan_of(raw, res.ranks, what),
+            _planner(res, what, None),
         )  # fmt: skip
         return Received(plan, out)
     # Every sender announces its longest body in every header (aux), so every rank learns the longest

@@ -53,10 +53,34 @@ def _combine(got: Received, res: Resolved, name: str, concat: bool, device: torc
                 out = torch.cat([t.reshape(1) if t.dim() == 0 else t for t in tensors])
                 return out if out.device == device else out.to(device)
         return tensors if tensors[0].device == device else [t.to(device) for t in tensors]
-    # MPI: the bodies already lie back to back in a new buffer; else they are copied out of the slots
-    data = got.buffer if got.buffer is not None else joined(got.bodies, copy=True)
-    out = data.view(plan.headers[0].dtype).view(shape)
+    dtype, data = plan.headers[0].dtype, got.buffer
+    if data is not None and data.dtype == dtype and data.shape == shape:  # MPI received into the result itself
+        out = data
+    else:  # MPI: bodies back to back in a new buffer; else copied out of the slots
+        out = (data if data is not None else joined(got.bodies, copy=True)).view(dtype).view(shape)
     return out if out.device == device else out.to(device)
+
+
+def _into_result(res: Resolved, name: str) -> Any:
+    """For MPI's concatenating gathers: the result tensor the bodies can land in directly (None: a uint8 buffer).
+
+    Never raises: it runs between the header and body calls, and a gather's
+    senders go on to the body call whatever the root finds; pieces that
+    cannot combine land in a byte buffer and :func:`_combine` raises after.
+    """
+
+    def into(plan: Any) -> Optional[torch.Tensor]:
+        if plan.failed:
+            return None
+        shape = plan.memo.get(True)
+        if shape is None:
+            try:
+                shape = plan.memo[True] = _result_shape(plan.headers, res, name, True)
+            except ValueError:
+                return None
+        return torch.empty(shape, dtype=plan.headers[0].dtype) if isinstance(shape, tuple) else None
+
+    return into
 
 
 def _result_shape(headers: list[Header], res: Resolved, name: str, concat: bool) -> Any:
@@ -160,7 +184,8 @@ def _all_gather_body(res: Resolved, x: Any, concat: bool, allow_pickle: Optional
     if not isinstance(x, torch.Tensor):
         rows = frames.all_gather_bytes(frames.encode(x, allow_pickle), res)
         return done(frames.decode_all(rows, res, "all_gather", allow_pickle), async_op)
-    got = all_gather_pieces(res, Piece.tensor(x, res.device), "all_gather", views=not concat)
+    into = _into_result(res, "all_gather") if concat else None
+    got = all_gather_pieces(res, Piece.tensor(x, res.device), "all_gather", views=not concat, into=into)
     return done(_combine(got, res, "all_gather", concat, x.device), async_op)
 
 
@@ -267,7 +292,7 @@ def _gather_body(res: Resolved, x: Any, concat: bool, allow_pickle: Optional[boo
     if not isinstance(x, torch.Tensor):
         rows = frames.gather_bytes(frames.encode(x, allow_pickle), dst, res)
         return done(frames.decode_all(rows, res, "gather", allow_pickle) if here else None, async_op)
-    got = gather_pieces(res, Piece.tensor(x, res.device), dst, "gather")
+    got = gather_pieces(res, Piece.tensor(x, res.device), dst, "gather", into=_into_result(res, "gather") if concat else None)
     return done(_combine(got, res, "gather", concat, x.device) if here else None, async_op)
 
 

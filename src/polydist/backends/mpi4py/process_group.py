@@ -394,13 +394,14 @@ class MPIProcessGroup(dist.ProcessGroup):
     # torch.distributed's: sizes differ per rank, which MPI's v-collectives take as they are
     # (no padding), and a small call costs about as much as torch's dispatch into a Python
     # group. Each is two MPI calls, in call order with the lane's queued work: the fixed-size
-    # headers, then the bodies at the sizes ``plan(headers)`` gives — an object with
-    # ``lengths`` (bytes per group rank), ``offsets`` and ``total``, the same on every rank
-    # that received the same headers (or an exception, raised by all of them alike before
-    # the second call). A plan that is ``even`` (every body the same length, every sender
+    # headers, then the bodies at the sizes ``plan(headers)`` gives — ``(p, out)``: an object
+    # with ``lengths`` (bytes per group rank), ``offsets``, ``total`` and ``even``, the same on
+    # every rank that received the same headers (or an exception, raised by all of them alike
+    # before the second call), and the contiguous CPU tensor of ``total`` bytes, of any dtype
+    # and shape, that the bodies land in. A plan that is ``even`` (every body the same length, every sender
     # agreeing: the same on all ranks) takes the fixed-size collective, which mpich runs
-    # faster than the v-one at large sizes. Received bodies land back to back in one new
-    # uint8 tensor. Sent bodies: contiguous CPU tensors. ``root``: a group rank.
+    # faster than the v-one at large sizes. Sent bodies: contiguous CPU tensors. ``root``: a
+    # group rank.
 
     def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
         """Every rank's header and body; returns ``(plan, bodies)``."""
@@ -409,8 +410,7 @@ class MPIProcessGroup(dist.ProcessGroup):
 
         def run() -> None:
             self.comm.Allgather([header, _mpi.MPI.BYTE], [heads, _mpi.MPI.BYTE])
-            p = plan(bytes(heads))
-            out = torch.empty(p.total, dtype=torch.uint8)
+            p, out = plan(bytes(heads))
             if p.even:
                 self.comm.Allgather(_mpi.raw(body), _mpi.raw(out))
             else:
@@ -431,8 +431,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             if not here:
                 self.comm.Gatherv(_mpi.raw(body), None, root)
                 return
-            p = plan(bytes(heads))
-            out = torch.empty(p.total, dtype=torch.uint8)
+            p, out = plan(bytes(heads))
             self.comm.Gatherv(_mpi.raw(body), [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE], root)
             done[0] = (p, out)
 
@@ -474,8 +473,7 @@ class MPIProcessGroup(dist.ProcessGroup):
 
         def run() -> None:
             self.comm.Alltoall([headers, _mpi.MPI.BYTE], [heads, _mpi.MPI.BYTE])
-            p = plan(bytes(heads))
-            out = torch.empty(p.total, dtype=torch.uint8)
+            p, out = plan(bytes(heads))
             if p.even:  # every sender's bodies even, all of one length: so are this rank's
                 self.comm.Alltoall(_mpi.raw(bodies), _mpi.raw(out))
                 done.append((p, out))

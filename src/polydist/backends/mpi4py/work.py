@@ -84,14 +84,14 @@ class Work(WorkBase):
             record, self._record = self._record, None
             _exit(record)
         self._error = error
+        if self._done is not None:  # completed before the future is (as torch's own Work): whoever the
+            self._done.set()  # future wakes finds is_completed() true
         future = self._future
         if future is not None and not future.done():
             if error is None:
                 future.set_result(self._result)  # runs its callbacks (DDP's) here, on this thread
             else:
                 future.set_exception(error)
-        if self._done is not None:
-            self._done.set()
 
     # ---------------------------------------------------------------- the Work API
 
