@@ -136,6 +136,15 @@ def _read_rows(rows: torch.Tensor, ranks: list, what: str, res: Resolved, keys: 
         raise
 
 
+def _record_received(res: Resolved, keys: list, headers: list[Optional[Header]]) -> None:
+    """Record each sender's body length in its pair's predictor; forget the pair whose header was malformed."""
+    for k, h in zip(keys, headers):
+        if h is None:
+            res.predictors.pop(k, None)
+        else:
+            _predictor(res, k).record(h.length)
+
+
 def _spliced(first: torch.Tensor, rest: Optional[torch.Tensor], length: int) -> torch.Tensor:
     """A body: ``first`` (a slot) when it holds all ``length`` bytes, else the slot and its remainder joined."""
     if length <= first.numel():
@@ -249,11 +258,7 @@ def gather_pieces(res: Resolved, piece: Piece, dst: int, what: str, into: Option
              for h, w in zip(heads, widths)]  # fmt: skip
     for w in [dist.irecv(t, r, group=res.pg, tag=_GATHER_TAG) for t, (_, r) in zip(rests, peers) if t is not None]:
         w.wait()
-    for k, h in zip(keys, heads):
-        if h is None:
-            res.predictors.pop(k, None)
-        else:
-            _predictor(res, k).record(h.length)
+    _record_received(res, keys, heads)
     if error is not None:
         raise error
     headers: list = [None] * res.size
@@ -468,10 +473,6 @@ def _received_headers(
         headers, error = _read_each([raw[i * HEADER : (i + 1) * HEADER] for i in range(n)], res.ranks, what)
     for k, p in zip(to_keys, pieces):
         _predictor(res, k).record(p.length)
-    for k, h in zip(from_keys, headers):
-        if h is None:
-            res.predictors.pop(k, None)
-        else:
-            _predictor(res, k).record(h.length)
+    _record_received(res, from_keys, headers)
     widest.record(max((h.aux for h in headers if h is not None), default=0))
     return headers, error
