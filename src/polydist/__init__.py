@@ -21,6 +21,9 @@ from .groups import new_group
 from .helpers import one_rank_first, one_rank_only
 from .launch import Parallel, spawn
 from .settings import is_debug, set_allow_pickle, set_debug
+from .collectives.recorder import set_trace
+from .trace.dump import dump_trace
+from .trace.profile import comms_profile
 from .training import DistributedProxySampler, auto_dataloader, auto_model, auto_optim
 
 __version__ = "0.1.0"
@@ -39,6 +42,7 @@ __all__ = [
     "one_rank_only", "one_rank_first",  # helpers
     "auto_model", "auto_optim", "auto_dataloader", "DistributedProxySampler",  # training
     "set_debug", "is_debug", "set_allow_pickle",  # settings
+    "dump_trace", "set_trace", "comms_profile",  # the flight recorder and the comms profile
     "PolydistError", "NotInitializedError", "CollectiveMismatchError",  # errors
     "CollectiveTimeoutError", "WorkerFailedError", "InvalidGroupError",
 ]  # fmt: skip

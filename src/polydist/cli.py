@@ -1,4 +1,5 @@
-"""The ``polydist`` command: ``run`` launches a script on N ranks, ``bench`` measures collectives, ``info`` shows the context."""
+"""The ``polydist`` command: ``run`` launches a script on N ranks, ``bench`` measures collectives,
+``trace`` reads flight-recorder dumps, ``info`` shows the context."""
 
 from __future__ import annotations
 
@@ -38,6 +39,20 @@ def _parser() -> argparse.ArgumentParser:
         "ranks that did not arrive (exported as $POLYDIST_TIMEOUT, which polydist.initialize() reads when given no "
         "timeout; default: PyTorch's, 30 min on gloo). MPI collectives have no timeout.",
     )
+    run.add_argument(
+        "--trace-dir",
+        default=None,
+        metavar="DIR",
+        help="where the ranks write their flight-recorder dumps (on a timeout, a failure, SIGUSR1, or when the job "
+        "is stopped); read them with: polydist trace DIR. Default: a new folder in the temp dir, shown when a dump "
+        "was written, removed when none was",
+    )
+    run.add_argument(
+        "--profile-comms",
+        action="store_true",
+        help="profile every collective and print, on rank 0 when the job ends, a table per collective and size: "
+        "calls, bytes, times, algbw/busbw, and the ranks that arrive last (polydist.comms_profile)",
+    )
     run.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
     run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, as python -m")
     run.add_argument("script", metavar="SCRIPT")
@@ -46,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     from .bench import cli as bench
 
     bench.add_parser(sub)
+    from .trace import cli as trace
+
+    trace.add_parser(sub)
     sub.add_parser(
         "info",
         help="show what polydist detects about this process",
@@ -66,8 +84,6 @@ def _seconds(text: str) -> float:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from .launch.elastic import launch
-
     if not ns.module and not os.path.exists(ns.script):
         print(f"polydist run: no such script: {ns.script}", file=sys.stderr)
         return 2
@@ -78,6 +94,18 @@ def _run(ns: argparse.Namespace) -> int:
         os.environ[settings.BACKEND.name] = ns.backend
     if ns.timeout is not None:
         os.environ[settings.TIMEOUT.name] = repr(ns.timeout)
+    if ns.profile_comms:
+        os.environ[settings.PROFILE_COMMS.name] = "1"
+    from .launch.trace_dir import job_trace_dir
+
+    with job_trace_dir(ns.trace_dir, "polydist run") as trace_dir:
+        os.environ[settings.TRACE_DIR.name] = trace_dir
+        return _launch(ns)
+
+
+def _launch(ns: argparse.Namespace) -> int:
+    from .launch.elastic import launch
+
     target = ["-m", ns.script] if ns.module else [ns.script]
     worker = ["-u", "-m", "polydist.launch.worker", *target, *ns.args]
     if ns.backend and ns.backend.lower() in ("mpi", "mpi4py"):
@@ -165,4 +193,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return bench.run(ns)
     if ns.command == "info":
         return _info()
+    if ns.command == "trace":
+        from .trace import cli as trace
+
+        return trace.run(ns)
     return 2

@@ -153,14 +153,20 @@ def _init(group_kwargs: dict, info: ProcessInfo) -> None:
     timeout = join.create(group_kwargs, info)
     layout = join.layout_from_env(info) or join.layout_from_hostnames()
     _world = World(_torch.default_pg(), owns_group=True, layout=layout, timeout=timeout)
-    _release_at_exit()
+    _world_made()
+    from .trace import profile
+
+    profile.start_session()  # polydist run --profile-comms: every rank is here, so it may communicate
 
 
-def _release_at_exit() -> None:
+def _world_made() -> None:
     # Registered (again) whenever a world is made, so that it runs before the
     # exit handlers of anything imported earlier, mpi4py's MPI_Finalize included.
     atexit.unregister(_finalize_at_exit)
     atexit.register(_finalize_at_exit)
+    from .trace import dump
+
+    dump.install_signal_handlers()  # SIGUSR1 (and a launcher's SIGTERM) write the flight recorder's dump
 
 
 def _finalize_at_exit() -> None:
@@ -196,6 +202,10 @@ def finalize() -> None:
     it when serial or twice is harmless.
     """
     global _world
+    if _world is not None:
+        from .trace import profile
+
+        profile.end_session()  # polydist run --profile-comms: the table, on rank 0, while the group lives
     state, _world = world(), None  # its groups, sequence numbers and buffers go with it
     if state is not None and state.owns_group:
         dist.destroy_process_group()
@@ -222,7 +232,7 @@ def world() -> Optional[World]:
         return None
     env = join.layout_from_env(join.launcher())
     _world = World(pg, owns_group=False, layout=env or join.single_node_guess(), timeout=None, layout_known=env is not None)
-    _release_at_exit()
+    _world_made()
     return _world
 
 

@@ -29,6 +29,10 @@ __all__ = [
     "LAUNCHER_PID",
     "PREFIX_OUTPUT",
     "FAILURE_DIR",
+    "TRACE",
+    "TRACE_BUFFER",
+    "TRACE_DIR",
+    "PROFILE_COMMS",
     "set_debug",
     "is_debug",
     "set_allow_pickle",
@@ -55,6 +59,13 @@ def _seconds(text: str) -> float:
     if not 0 < seconds < math.inf:
         raise ValueError("expected a positive number of seconds")
     return seconds
+
+
+def _count(text: str) -> int:
+    count = int(text)
+    if count < 1:
+        raise ValueError("expected a positive whole number")
+    return count
 
 
 def _text(text: str) -> str:
@@ -94,6 +105,10 @@ LAUNCHER_PID = Variable("POLYDIST_LAUNCHER_PID", int, None, "set by polydist run
 PREFIX_OUTPUT = Variable("POLYDIST_PREFIX_OUTPUT", _flag, False, "set by polydist run --backend mpi: [rankN] prefixes")
 TORCH_MPI = Variable("POLYDIST_TORCH_MPI", _flag, True, "on wheels without MPI, torch's 'mpi' backend is polydist's mpi4py group")
 FAILURE_DIR = Variable("POLYDIST_FAILURE_DIR", _text, None, "set by polydist run --backend mpi: where ranks report")
+TRACE = Variable("POLYDIST_TRACE", _flag, True, "the flight recorder: every rank keeps its last collectives")
+TRACE_BUFFER = Variable("POLYDIST_TRACE_BUFFER", _count, 2000, "how many calls the flight recorder keeps per rank")
+TRACE_DIR = Variable("POLYDIST_TRACE_DIR", _text, None, "where flight-recorder dumps go (polydist run --trace-dir)")
+PROFILE_COMMS = Variable("POLYDIST_PROFILE_COMMS", _flag, False, "polydist run --profile-comms: profile every collective")
 
 
 class _Switch:

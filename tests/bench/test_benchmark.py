@@ -176,3 +176,16 @@ def test_overhead_script_quick_two_ranks(cli_env, tmp_path):
     assert got == {(c, i, s) for c in ("all_reduce", "broadcast") for i in ("polydist", "torch") for s in (8, 4096)}
     assert all(r.time_s > 0 and r.error is None and r.world_size == 2 for r in records)
     assert out_json.with_suffix(".md").exists()
+
+
+@pytest.mark.timeout(120)
+def test_trace_cost_script_quick_two_ranks(cli_env, tmp_path):
+    out_json = tmp_path / "trace_cost.json"
+    script = os.path.join(ROOT, "benchmarks", "trace_cost.py")
+    cmd = ["polydist", "run", "--nproc-per-node", "2", "--backend", "gloo", script, "--quick", "--json", str(out_json)]
+    done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=110, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "the recorder's step alone" in done.stdout
+    _, records = read_json(out_json)
+    assert {(r.implementation, r.size) for r in records} == {(i, 8) for i in ("trace off", "trace on", "torch")}
+    assert all(r.time_s > 0 and r.error is None for r in records)

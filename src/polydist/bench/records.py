@@ -29,7 +29,7 @@ from .. import settings
 from .timing import Timing, _distributed
 from .units import bandwidths
 
-__all__ = ["Record", "format_table", "run_metadata", "write_json", "read_json", "write_markdown"]
+__all__ = ["Record", "format_table", "format_bandwidth", "run_metadata", "write_json", "read_json", "write_markdown"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -101,7 +101,7 @@ class Record:
 # ---------------------------------------------------------------- tables
 
 
-def _num(value: Optional[float]) -> str:
+def format_bandwidth(value: Optional[float]) -> str:
     """A bandwidth for a table: 4 decimals below 10, 2 above ("-" for None)."""
     return "-" if value is None else format(value, ".2f" if value >= 10 else ".4f")
 
@@ -111,7 +111,7 @@ def _cells(r: Optional[Record]) -> list[str]:
         return ["-", "-", "-"]
     if r.error is not None or r.time_s is None:
         return ["failed", "-", "-"]
-    return [f"{r.time_s * 1e6:.1f}" + (" (wrong)" if r.wrong else ""), _num(r.algbw_GBps), _num(r.busbw_GBps)]
+    return [f"{r.time_s * 1e6:.1f}" + (" (wrong)" if r.wrong else ""), format_bandwidth(r.algbw_GBps), format_bandwidth(r.busbw_GBps)]
 
 
 def format_table(records: Sequence[Record], *, reference: Optional[str] = None, markdown: bool = False) -> str:

@@ -17,7 +17,7 @@ from .records import Record, format_table
 from .timing import measure
 from .units import busbw_factor, format_size
 
-__all__ = ["CEILING", "memory_ceiling", "add_fractions", "format_report", "plot"]
+__all__ = ["CEILING", "memory_ceiling", "add_fractions", "format_report", "plot", "aligned_columns"]
 
 CEILING = "memory_ceiling"  # the ``collective`` of the ceiling's records in the JSON
 _FACTOR_TEXT = {"all_reduce": "2(n-1)/n", "broadcast": "1", "reduce": "1", "send_recv": "1"}  # others: (n-1)/n
@@ -69,7 +69,7 @@ def add_fractions(records: Sequence[Record], ceiling: Sequence[Record]) -> None:
 # ---------------------------------------------------------------- output
 
 
-def _columns(rows: list, left: int = 0) -> list:
+def aligned_columns(rows: list, left: int = 0) -> list:
     """Rows of cells as aligned lines: the first ``left`` columns to the left, the others to the right."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
@@ -88,7 +88,7 @@ def _ceiling_table(records: Sequence[Record], ceiling: Sequence[Record]) -> list
         c = by_size[size]
         cells = ["-" if fractions.get(i) is None else format(fractions[i], ".3g") for i in impls]
         body.append([collective, str(size), f"{c.time_s * 1e6:.1f}", format(c.algbw_GBps, ".3g"), *cells])
-    return _columns(body, left=1)
+    return aligned_columns(body, left=1)
 
 
 def format_report(records: Sequence[Record], ceiling: Sequence[Record], meta: dict) -> str:

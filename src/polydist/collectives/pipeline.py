@@ -17,15 +17,18 @@ collective runs the shared steps, always in this order:
    point-to-point);
 5. **sequence number**: the group's count of collectives, one counter per
    group that debug mode and timeouts share;
-6. **debug fingerprint** (:mod:`~polydist.collectives.debug`), when on;
-7. **timeout naming** (:mod:`~polydist.collectives.timeouts`) around
-8. **the body**: the backend call(s) — and around the ``wait()`` of the
+6. **flight recorder** (:mod:`~polydist.collectives.recorder`): the call
+   is recorded as started, and as completed or failed when it ends;
+7. **debug fingerprint** (:mod:`~polydist.collectives.debug`), when on;
+8. **timeout naming** (:mod:`~polydist.collectives.timeouts`) around
+9. **the body**: the backend call(s) — and around the ``wait()`` of the
    :class:`Work` it returns with ``async_op=True``. A backend-specific fast
    path (the mpi4py group's blocking all-reduce) lives inside a body, after
-   every step above.
+   every step above. A timeout writes the flight recorder's dump
+   (:mod:`polydist.trace.dump`).
 
-Point-to-point calls take steps 1–4 and 8: they are not collectives of the
-group, so they are not numbered (debug mode checks them with a header of
+Point-to-point calls take steps 1–4, 6 and 9: they are not collectives of
+the group, so they are not numbered (debug mode checks them with a header of
 their own).
 """
 
@@ -41,7 +44,7 @@ from .. import context, settings
 from .._torch import default_pg
 from ..context import require_group
 from ..groups import GroupLike, resolve
-from . import debug, timeouts
+from . import debug, recorder, timeouts
 from .work import Work
 
 __all__ = ["Collective", "finish", "done", "check_tensor", "check_list", "contiguous"]
@@ -65,9 +68,11 @@ class Collective:
         peer: the root is a peer that must not be this rank (point-to-point).
         echo: a non-member gets the call's input (the first of ``args``)
             back; False: None, as torch.distributed's ``send`` returns.
+        op_at: index in ``args`` of the reduction op, recorded by the flight
+            recorder; None: the call has no op.
     """
 
-    __slots__ = ("name", "body", "serial", "fingerprint", "root", "peer", "echo", "run")
+    __slots__ = ("name", "body", "serial", "fingerprint", "root", "peer", "echo", "op_at", "run")
 
     def __init__(
         self,
@@ -78,9 +83,10 @@ class Collective:
         root: Optional[str] = None,
         peer: bool = False,
         echo: bool = True,
+        op_at: Optional[int] = None,
     ) -> None:
         self.name, self.body, self.serial, self.fingerprint = name, body, serial, fingerprint
-        self.root, self.peer, self.echo = root, peer, echo
+        self.root, self.peer, self.echo, self.op_at = root, peer, echo, op_at
         self.run = _pipeline(self)  # run(group, root, async_op, *args): the steps, in order
 
     def _serial(self, args: tuple, root: Any) -> Any:
@@ -107,6 +113,8 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
     )
     rooted = root_name is not None  # some ranks may finish their part without waiting for the others
     switch = settings.DEBUG_SWITCH
+    op_at = spec.op_at
+    rec = recorder.RECORDER
 
     def run(group: GroupLike, root: Any, async_op: bool, *args: Any) -> Any:
         state = context._world
@@ -126,9 +134,19 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
                 raise ValueError(
                     f"{root_name}={root} is this process's own rank; a rank cannot send to or receive from itself"
                 )
+        op = args[op_at] if op_at is not None else None
         if fingerprint is None:
-            return body(res, *args, async_op)
+            if not rec.on:
+                return body(res, *args, async_op)
+            record = rec.start(res, name, None, op, root, args[0], async_op)
+            try:
+                result = body(res, *args, async_op)
+            except BaseException as exc:
+                rec.fail(record, exc)
+                raise
+            return _recorded(rec, record, result, async_op)
         res.seq += 1
+        record = rec.start(res, name, res.seq, op, root, args[0] if args else (), async_op) if rec.on else None
         try:
             debug_on = switch.value
             if debug_on is None:
@@ -137,17 +155,40 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
                 agree, shown = fingerprint(*args)
                 debug.check(res, name, agree, shown)
             result = body(res, *args, async_op)
-        except RuntimeError as exc:
-            named = timeouts.explain(exc, res, name, rooted)
+        except BaseException as exc:
+            named = timeouts.explain(exc, res, name, rooted) if isinstance(exc, RuntimeError) else None
+            if record is not None:
+                rec.fail(record, named or exc)
             if named is None:
                 raise
+            _dumped(named)
             raise named from exc
         if async_op:  # the wait may time out too: name the missing ranks there as well
             seq = res.seq
             result.explain = lambda exc: timeouts.explain(exc, res, name, rooted, seq)
+        if record is not None:
+            if not async_op:  # the common case, inline
+                rec.end(record)
+                return result
+            return _recorded(rec, record, result, async_op)
         return result
 
     return run
+
+
+def _recorded(rec: recorder.Recorder, record: list, result: Any, async_op: bool) -> Any:
+    """``result``, with ``record`` marked completed now, or when the :class:`Work` it is has been waited."""
+    if async_op and isinstance(result, Work) and not result.finished():
+        result.record = (rec, record)
+    else:
+        rec.end(record)
+    return result
+
+
+def _dumped(exc: Exception) -> None:
+    from ..trace.dump import timed_out  # the dump is the error path's only: imported when needed
+
+    timed_out(exc)
 
 
 def _warn_not_member(state: Any, group: GroupLike, name: str) -> None:

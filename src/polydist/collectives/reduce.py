@@ -173,7 +173,7 @@ def _all_reduce_body(res: Resolved, tensor: Any, name: str, tensors: Any, async_
     return finish(result, works, async_op)
 
 
-_ALL_REDUCE = Collective("all_reduce", _all_reduce_body, _all_reduce_serial, _all_reduce_fingerprint)
+_ALL_REDUCE = Collective("all_reduce", _all_reduce_body, _all_reduce_serial, _all_reduce_fingerprint, op_at=1)
 
 
 # ---------------------------------------------------------------- reduce
@@ -255,7 +255,7 @@ def _scratch_copy(tensor: torch.Tensor) -> torch.Tensor:
     return world().scratch_copy(tensor)  # the live world's reusable buffer
 
 
-_REDUCE = Collective("reduce", _reduce_body, _reduce_serial, _reduce_fingerprint, root="dst")
+_REDUCE = Collective("reduce", _reduce_body, _reduce_serial, _reduce_fingerprint, root="dst", op_at=2)
 
 
 # ---------------------------------------------------------------- reduce_scatter
@@ -331,5 +331,5 @@ def _reduce_scatter_body(res: Resolved, tensor: torch.Tensor, name: str, async_o
 
 
 _REDUCE_SCATTER = Collective(
-    "reduce_scatter", _reduce_scatter_body, lambda tensor, name: tensor, _reduce_scatter_fingerprint
+    "reduce_scatter", _reduce_scatter_body, lambda tensor, name: tensor, _reduce_scatter_fingerprint, op_at=1
 )

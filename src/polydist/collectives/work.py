@@ -33,6 +33,9 @@ class Work:
         # Set by the collective pipeline: turns a backend error into a better one (a timeout that
         # names the ranks that did not arrive), or returns None to let it pass.
         self.explain: Optional[Callable[[RuntimeError], Optional[Exception]]] = None
+        # Set by the collective pipeline: (recorder, record) of the flight recorder, marked
+        # completed or failed when the wait ends.
+        self.record: Optional[tuple] = None
 
     @classmethod
     def done(cls, result: Any) -> "Work":
@@ -62,13 +65,27 @@ class Work:
                         w.wait()
                     else:
                         w.wait(timeout)
-            except RuntimeError as exc:
-                named = self.explain(exc) if self.explain is not None else None
+                result = self._finish() if self._finish is not None else None
+            except BaseException as exc:
+                named = self.explain(exc) if self.explain is not None and isinstance(exc, RuntimeError) else None
+                if self.record is not None:
+                    rec, record = self.record
+                    rec.fail(record, named or exc)
                 if named is None:
                     raise
+                from ..trace.dump import timed_out
+
+                timed_out(named)
                 raise named from exc
-            self._result = self._finish() if self._finish is not None else None
+            self._result = result
+            if self.record is not None:
+                rec, record = self.record
+                rec.end(record)
         return self._result
+
+    def finished(self) -> bool:
+        """Whether the result is already there (a handle made by :meth:`done`, or waited)."""
+        return self._result is not _PENDING
 
     def is_completed(self) -> bool:
         """Whether every underlying transfer has finished (``wait()`` then returns without blocking)."""

@@ -32,6 +32,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from .. import _torch
 from ..environment import detect
 from ..errors import WorkerFailedError
+from ..trace.dump import failed
 
 __all__ = [
     "launch",
@@ -154,6 +155,9 @@ def _no_traceback(record: logging.LogRecord) -> bool:
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker")
 
 
+_DUMP_NOTE = "flight recorder dump of this rank"  # the note dump.timed_out adds: not the error itself
+
+
 def _traceback(failure: Any) -> str:
     """The traceback the worker recorded, or "" when it recorded none (killed, crashed, os._exit)."""
     data = failure.error_file_data or {}
@@ -221,7 +225,8 @@ def _failure_report(exc: ChildFailedError, nnodes: int = 1) -> WorkerFailedError
             _traceback(root).rstrip() or _no_traceback_text(root),
         ]
     for rank, f in rest:
-        last = (_traceback(f).strip().splitlines() or [""])[-1]
+        lines_of = [line for line in _traceback(f).strip().splitlines() if not line.startswith(_DUMP_NOTE)]
+        last = (lines_of or [""])[-1]
         last = last if len(last) <= 160 else last[:157] + "..."
         lines.append(f"rank {rank}: {_how(f.exitcode)}{': ' + last if last else ''}")
     failures = {r: (f.exitcode, _traceback(f)) for r, f in exc.failures.items()}
@@ -283,6 +288,7 @@ def die_with_parent(parent_pid: Optional[int] = None) -> None:
 def worker_errors() -> Iterator[None]:
     """Around a worker's own code (inside torch's ``@record``): make its failures report well.
 
+    * Any failure writes this rank's flight-recorder dump (:mod:`polydist.trace.dump`).
     * A non-zero ``sys.exit`` is recorded like an exception (torch's
       ``@record`` lets it pass), so the launcher shows where it was called.
     * A lost connection to a peer ("Connection closed by peer": a failed
@@ -294,11 +300,10 @@ def worker_errors() -> Iterator[None]:
     """
     try:
         yield
-    except SystemExit as exc:
-        if exc.code not in (0, None):
+    except BaseException as exc:
+        failed(exc)  # the flight recorder's dump of this rank, first: the launcher may stop it any moment now
+        if isinstance(exc, SystemExit) and exc.code not in (0, None):
             get_error_handler().record_exception(exc)
-        raise
-    except RuntimeError as exc:
-        if any(marker in str(exc) for marker in _PEER_GONE):
+        if isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _PEER_GONE):
             time.sleep(_PEER_GONE_GRACE_S)
         raise

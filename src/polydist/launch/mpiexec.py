@@ -10,7 +10,10 @@ end every rank; before that it writes its traceback into the directory named by
 rank that is killed writes nothing: :func:`run` watches the ranks' pids (from
 their pid files, :func:`record_pid`) and names the one that ended first, else
 the one ``mpiexec``'s report names. ``mpiexec`` dies with the process that runs
-it (Linux), and takes its ranks down.
+it (Linux), and takes its ranks down. Before a job ends on a failure, the
+other ranks write their flight-recorder dumps (:mod:`polydist.trace.dump`): a
+rank that raises asks them before ``MPI_Abort``; under Hydra, started with
+``-disable-auto-cleanup``, :func:`run` asks them when a rank dies, then ends them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +33,7 @@ from typing import Mapping, Optional, Sequence, TextIO
 from ..settings import FAILURE_DIR
 from ..errors import WorkerFailedError
 
-__all__ = ["find", "run", "prefix_output", "record_pid", "mark_done"]
+__all__ = ["find", "run", "prefix_output", "record_pid", "mark_done", "pids"]
 
 
 def find() -> str:
@@ -67,11 +71,15 @@ def run(argv: Sequence[str], nproc: int, *, env: Optional[Mapping[str, str]] = N
     """
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
-    command = [find(), "-n", str(nproc), *argv]
+    launcher = find()
+    # Hydra (MPICH's mpiexec) SIGKILLs every rank the moment one dies; told not to, it lets
+    # polydist ask the survivors for their flight-recorder dumps and end them itself.
+    ends_ranks = _is_hydra(launcher) and _pidfds_work()
+    command = [launcher, *(["-disable-auto-cleanup"] if ends_ranks else []), "-n", str(nproc), *argv]
     with tempfile.TemporaryDirectory(prefix="polydist-mpi-") as failures:
         child_env = dict(os.environ if env is None else env)
         child_env[FAILURE_DIR.name] = failures
-        watch = _EndWatch(failures, nproc)
+        watch = _EndWatch(failures, nproc, ends_ranks)
         watch.start()
         try:
             code, tail = _call(command, child_env)
@@ -79,6 +87,24 @@ def run(argv: Sequence[str], nproc: int, *, env: Optional[Mapping[str, str]] = N
             watch.stop()
         if code != 0:
             raise _failure_report(failures, code, tail, watch.first_failed())
+
+
+def _is_hydra(launcher: str) -> bool:
+    """Whether ``launcher`` is Hydra (MPICH's or Intel MPI's mpiexec), from its ``--version``."""
+    try:
+        out = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "HYDRA" in out
+
+
+def _pidfds_work() -> bool:
+    """Whether Linux pidfds work here (:class:`_EndWatch` needs them to see a rank end)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 def _call(command: list, env: dict) -> tuple[int, str]:
@@ -110,12 +136,16 @@ class _EndWatch(threading.Thread):
     of them; a pidfd becomes readable the moment its process ends, before
     mpiexec has had time to end the others. ``order`` lists the ranks seen
     ending at each look of this thread (several at once on a busy machine).
-    Without pidfds (not Linux, an old kernel) it stays empty.
+    Without pidfds (not Linux, an old kernel) it stays empty. With
+    ``ends_ranks`` (Hydra run with ``-disable-auto-cleanup``) it also ends
+    the job when a rank fails: the others write their flight-recorder dumps
+    (SIGUSR1), then are killed.
     """
 
-    def __init__(self, folder: str, nproc: int) -> None:
+    def __init__(self, folder: str, nproc: int, ends_ranks: bool = False) -> None:
         super().__init__(name="polydist-mpi-watch", daemon=True)
-        self.folder, self.nproc = folder, nproc
+        self.folder, self.nproc, self.ends_ranks = folder, nproc, ends_ranks
+        self.ending = False
         self.order: list[list[int]] = []
         self._wake_r, self._wake_w = os.pipe()
 
@@ -129,6 +159,19 @@ class _EndWatch(threading.Thread):
         done = {r for r in range(self.nproc) if os.path.exists(os.path.join(self.folder, f"rank{r}.done"))}
         return next((g for g in ([r for r in group if r not in done] for group in self.order) if g), [])
 
+    def _end_survivors(self) -> None:
+        """A rank failed (under ``-disable-auto-cleanup``): the others dump their flight recorders, then are killed."""
+        from ..trace.dump import peers_dump
+
+        ended = {r for group in self.order for r in group}
+        alive = {r: pid for r, pid in pids(self.folder).items() if r not in ended}
+        peers_dump(alive)
+        for pid in alive.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def run(self) -> None:
         if not hasattr(os, "pidfd_open"):
             return
@@ -138,7 +181,7 @@ class _EndWatch(threading.Thread):
         try:
             while True:
                 if len(watched) < self.nproc:  # ranks note their pids as they start
-                    for rank, pid in _pids(self.folder).items():
+                    for rank, pid in pids(self.folder).items():
                         if rank in watched:
                             continue
                         watched.add(rank)
@@ -155,6 +198,9 @@ class _EndWatch(threading.Thread):
                     poller.unregister(fd)
                 if ended:
                     self.order.append(ended)
+                    if self.ends_ranks and not self.ending and self.first_failed():
+                        self.ending = True
+                        self._end_survivors()
                 if self._wake_r in ready:
                     return
         except OSError:  # pidfds refused (seccomp, an old kernel): no watch
@@ -164,7 +210,7 @@ class _EndWatch(threading.Thread):
                 os.close(fd)
 
 
-def _pids(folder: str) -> dict[int, int]:
+def pids(folder: str) -> dict[int, int]:
     """``{rank: pid}`` from the pid files in ``folder``."""
     found = {}
     for name in os.listdir(folder):
@@ -199,8 +245,8 @@ def mark_done(rank: int) -> None:
 
 def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) -> Optional[WorkerFailedError]:
     """The rank that died without a traceback (killed or crashed): the first to end, else mpiexec's report's."""
-    pids = _pids(failures)
-    ranks = {pid: rank for rank, pid in pids.items()}
+    by_rank = pids(failures)
+    ranks = {pid: rank for rank, pid in by_rank.items()}
     pid, host, how, rank = None, None, None, None
     found = _OMPI_DEATH.search(output)
     if found:
@@ -218,7 +264,7 @@ def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) ->
             return None
         message = f"a process (pid {pid} on {host}) failed before it recorded its rank: {how}"
         return WorkerFailedError(f"{message} (mpiexec exit code {code})", {}, -1)
-    where = f"pid {pids.get(rank, pid)}" + (f" on {host}" if host else "")
+    where = f"pid {by_rank.get(rank, pid)}" + (f" on {host}" if host else "")
     also = f" (ranks {first} ended at the same moment)" if len(first) > 1 else ""
     lines = [
         f"rank {rank} ({where}) failed first{': ' + how if how else ''}{also}; mpiexec (exit code {code}) "

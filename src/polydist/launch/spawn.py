@@ -11,17 +11,26 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional
 
-from .. import context, join
+from .. import context, join, settings
+from .trace_dir import job_trace_dir
 from .elastic import _check_positive, check_node_rank, die_with_parent, launch, worker_errors, worker_setup
 
 __all__ = ["spawn", "Parallel"]
 
 
 def _spawned(
-    fn: Callable, args: tuple, kwargs: dict, backend: Optional[str], init: dict, parent_pid: Optional[int] = None
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    backend: Optional[str],
+    init: dict,
+    parent_pid: Optional[int] = None,
+    trace_dir: Optional[str] = None,
 ) -> Any:
     """Body of each spawned process: join the job, call ``fn(local_rank, ...)``, leave."""
     die_with_parent(parent_pid)
+    if trace_dir:  # this process's own environment: where its flight-recorder dumps go
+        os.environ[settings.TRACE_DIR.name] = trace_dir
     worker_setup()
     context.initialize(backend, **init)
     with worker_errors():
@@ -85,15 +94,16 @@ def spawn(
     """
     join.resolve_backend(backend)  # an unknown or unavailable backend fails here, before any process starts
     init = {"init_method": init_method, "timeout": timeout}
-    results = launch(
-        _spawned,
-        (fn, tuple(args), dict(kwargs_dict or {}), backend, init, os.getpid()),
-        nproc_per_node,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        master_addr=master_addr,
-        master_port=master_port,
-    )
+    with job_trace_dir(settings.TRACE_DIR.read(), "polydist.spawn") as trace_dir:
+        results = launch(
+            _spawned,
+            (fn, tuple(args), dict(kwargs_dict or {}), backend, init, os.getpid(), trace_dir),
+            nproc_per_node,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=master_port,
+        )
     return [results[rank] for rank in sorted(results)]
 
 

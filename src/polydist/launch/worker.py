@@ -3,7 +3,9 @@
 Wrapped in torch elastic's ``@record`` so that an uncaught exception (or a
 non-zero ``sys.exit``) is written to the agent's error file and the launcher
 can show the failing rank's traceback. The worker dies with its launcher
-(``$POLYDIST_LAUNCHER_PID``), even one killed with SIGKILL. Usage (by the
+(``$POLYDIST_LAUNCHER_PID``), even one killed with SIGKILL. A failure, a
+SIGUSR1 or the launcher's SIGTERM writes the rank's flight-recorder dump
+(:mod:`polydist.trace.dump`). Usage (by the
 launcher only): ``python -m polydist.launch.worker SCRIPT [ARGS...]`` or ``python -m
 polydist.launch.worker -m MODULE [ARGS...]``.
 """
@@ -22,12 +24,14 @@ from ..environment import detect
 from .elastic import die_with_parent, worker_errors, worker_setup
 from .. import settings
 from .mpiexec import mark_done, prefix_output, record_pid
+from ..trace.dump import ignore_exit_notices, install_signal_handlers
 
 
 
 @record
 def main() -> None:
     argv = sys.argv[1:]
+    install_signal_handlers()  # a dump on SIGUSR1 even before the script joins the job
     if settings.FAILURE_DIR.read():  # started by polydist run under mpiexec
         die_with_parent()  # the parent is mpiexec's proxy, which ends the ranks itself when it can
         worker_setup()
@@ -63,11 +67,16 @@ def _run_under_mpi(argv: list) -> None:
     except SystemExit as exc:
         if exc.code not in (0, None):
             print(f"polydist: rank {rank} exited with code {exc.code}; aborting the MPI job", file=sys.stderr)
-            mpi_job.record_failure(rank, traceback.format_exc())  # where sys.exit was called
-            mpi_job.abort(exc.code if isinstance(exc.code, int) else 1)
-        mark_done(rank)
+            # the traceback shows where sys.exit was called
+            mpi_job.fail(rank, exc, traceback.format_exc(), exc.code if isinstance(exc.code, int) else 1)
+        _finishing(rank)
         raise
+    _finishing(rank)
+
+
+def _finishing(rank: int) -> None:
     mark_done(rank)  # this rank's exit is not a failure, whenever the others end
+    ignore_exit_notices()  # Hydra's SIGUSR1s as the other ranks exit
 
 
 def _run(argv: list) -> None:

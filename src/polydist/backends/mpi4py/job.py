@@ -26,7 +26,7 @@ from ..._torch import loopback_store_server
 from ...settings import FAILURE_DIR
 from . import _mpi
 
-__all__ = ["rendezvous", "install_abort_hook", "record_failure", "abort"]
+__all__ = ["rendezvous", "install_abort_hook", "fail", "record_failure", "abort"]
 
 
 def _rendezvous_address(comm: Any) -> str:
@@ -89,11 +89,29 @@ def install_abort_hook() -> None:
         rank = _mpi.mpi().COMM_WORLD.Get_rank()
         text = "".join(traceback.format_exception(kind, value, tb))
         sys.stderr.write(f"polydist: rank {rank} raised an uncaught exception; aborting the MPI job\n{text}")
-        record_failure(rank, text)
-        abort(1)
+        fail(rank, value, text, 1)
 
     hook._polydist_abort = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def fail(rank: int, exc: BaseException, text: str, code: int) -> None:
+    """End the MPI job for ``exc`` on this rank: its traceback for ``polydist run``, flight-recorder dumps, ``MPI_Abort``.
+
+    ``MPI_Abort`` kills every rank at once, so before it this rank writes its
+    own dump and asks the other ranks of its node (their pids are known under
+    ``polydist run``) to write theirs, waiting up to 2 s for them.
+    """
+    from ...trace.dump import failed, peers_dump
+
+    record_failure(rank, text)
+    failed(exc)
+    folder = FAILURE_DIR.read()
+    if folder and os.path.isdir(folder):
+        from ...launch.mpiexec import pids
+
+        peers_dump({r: pid for r, pid in pids(folder).items() if r != rank})
+    abort(code)
 
 
 def record_failure(rank: int, text: str) -> None:

@@ -1,0 +1,173 @@
+"""The flight recorder: every rank remembers its last collectives and point-to-point calls.
+
+A step of the collective pipeline (:mod:`~polydist.collectives.pipeline`),
+always on unless ``POLYDIST_TRACE=0``. Each call appends one record to a ring
+buffer of ``POLYDIST_TRACE_BUFFER`` entries (default 2,000): the group, its
+sequence number, the collective, op and root, the dtypes and shapes of the
+tensor arguments, the caller's file and line, the start and end time and the
+state (started, completed, failed). :mod:`polydist.trace.dump` writes the
+buffer out when a collective times out, when a rank fails or is stopped, on
+``SIGUSR1`` and on request; ``polydist trace`` reads the dumps of all ranks.
+The precedent is PyTorch's Flight Recorder, which does the same inside the
+NCCL backend only.
+
+A record is a plain list, filled in place; the cost on the caller's path is
+one frame walk, one ``time.time()`` at each end and a list store, about a
+microsecond (benchmarks/trace_cost.py). Tensors are never kept: only their
+dtype and shape, so the buffer holds no memory of the program's. Records are
+turned into the dump's dictionaries (:func:`as_dict`) only when a dump or a
+profile asks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Optional
+
+import torch
+
+from .. import settings
+
+__all__ = ["Recorder", "RECORDER", "as_dict", "set_trace"]
+
+# Fields of a record (a list, so that completion updates it in place). DTYPE, SHAPE: of the one
+# tensor argument; for anything else DTYPE is _MANY and SHAPE the tensors' ((dtype, shape), ...),
+# or None for Python values.
+ID, NAME, RES, SEQ, OP, ROOT, DTYPE, SHAPE, CODE, LINE, START, END, STATE, ERROR, ASYNC = range(15)
+STARTED, COMPLETED, FAILED = "started", "completed", "failed"
+_MANY = object()
+_now = time.time
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../polydist/
+
+
+def _tensors(x: Any) -> Optional[tuple]:
+    """``((dtype, shape), ...)`` of the tensors in ``x`` (a tensor or a list of them, () for none); None for values."""
+    if isinstance(x, torch.Tensor):
+        return ((x.dtype, x.shape),)
+    if isinstance(x, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in x):  # () : no argument (barrier)
+        return tuple((t.dtype, t.shape) for t in x)
+    return None
+
+
+def _outside(frame: Any) -> Any:
+    """The first frame, from ``frame`` up, whose code is not polydist's (the outermost one if none is)."""
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    return frame
+
+
+class Recorder:
+    """One process's ring buffer of calls (see the module docstring).
+
+    Attributes:
+        on: whether calls are recorded (``POLYDIST_TRACE``, :func:`set_trace`).
+        size: the ring's capacity in records.
+        count: records made so far; the newest has id ``count - 1``.
+        keep: when a list, every record that ends (completed or failed) is
+            also appended to it — the comms profile's feed
+            (:mod:`polydist.trace.profile`); None otherwise.
+    """
+
+    __slots__ = ("on", "size", "slots", "count", "keep")
+
+    def __init__(self, on: bool, size: int) -> None:
+        self.on, self.size = on, size
+        self.slots: list = [None] * size
+        self.count = 0
+        self.keep: Optional[list] = None
+
+    def start(self, res: Any, name: str, seq: Optional[int], op: Any, root: Any, x: Any, async_op: bool) -> list:
+        """Record a call that is starting; returns its record for :meth:`end`/:meth:`fail`.
+
+        Called by the pipeline's ``run``, itself called by a public function:
+        the caller is three frames up, unless that is polydist too (a public
+        function calling another); then the first frame outside polydist.
+        """
+        frame = sys._getframe(3)
+        if frame.f_code.co_filename.startswith(_PACKAGE):
+            frame = _outside(frame)
+        if type(x) is torch.Tensor:  # the common case, inline: a record costs about a microsecond in all
+            dtype, shape = x.dtype, x.shape
+        else:
+            dtype, shape = _MANY, _tensors(x)
+        n = self.count
+        record = [n, name, res, seq, op, root, dtype, shape, frame.f_code, frame.f_lineno, _now(), None, STARTED, None, async_op]
+        self.slots[n % self.size] = record
+        self.count = n + 1
+        return record
+
+    def end(self, record: list) -> None:
+        """Mark ``record`` completed now."""
+        record[END] = _now()
+        record[STATE] = COMPLETED
+        if self.keep is not None:
+            self.keep.append(record)
+
+    def fail(self, record: list, exc: BaseException) -> None:
+        """Mark ``record`` failed with ``exc`` (a timeout, a lost peer, a mismatch)."""
+        if record[STATE] != STARTED:
+            return
+        record[END] = _now()
+        record[STATE] = FAILED
+        record[ERROR] = f"{type(exc).__name__}: {exc}"
+        if self.keep is not None:
+            self.keep.append(record)
+
+    def records(self) -> tuple[list, int]:
+        """The records the ring holds, oldest first, and how many older ones it dropped."""
+        n, size = self.count, self.size
+        held = min(n, size)
+        slots = list(self.slots)  # one copy under the GIL: the calling thread may be recording
+        ordered = [slots[i % size] for i in range(n - held, n)]
+        return [r for r in ordered if r is not None], n - held
+
+
+def as_dict(record: list) -> dict:
+    """A record in the dump's entry format (:mod:`polydist.trace`)."""
+    res, code = record[RES], record[CODE]
+    tensors = record[SHAPE] if record[DTYPE] is _MANY else ((record[DTYPE], record[SHAPE]),)
+    op = record[OP]
+    return {
+        "id": record[ID],
+        "collective": record[NAME],
+        "group": list(res.ranks),
+        "seq": record[SEQ],
+        "op": op if op is None or isinstance(op, str) else str(op).rsplit(".", 1)[-1],
+        "root": record[ROOT],
+        "dtypes": [str(dtype).replace("torch.", "") for dtype, _ in tensors or ()],
+        "shapes": [list(shape) for _, shape in tensors or ()],
+        "bytes": sum(shape.numel() * dtype.itemsize for dtype, shape in tensors or ()),
+        "value": tensors is None,
+        "async": record[ASYNC],
+        "file": code.co_filename,
+        "line": record[LINE],
+        "function": code.co_name,
+        "start": record[START],
+        "end": record[END],
+        "state": record[STATE],
+        "error": record[ERROR],
+    }
+
+
+def _from_env() -> Recorder:
+    try:
+        on, size = settings.TRACE.read(), settings.TRACE_BUFFER.read()
+    except ValueError as exc:  # a bad value must not break import: say so, record with the defaults
+        print(f"polydist: {exc}; the flight recorder uses its defaults", file=sys.stderr)
+        on, size = settings.TRACE.default, settings.TRACE_BUFFER.default
+    return Recorder(bool(on), int(size))
+
+
+RECORDER = _from_env()
+
+
+def set_trace(enabled: bool) -> None:
+    """Turn the flight recorder on or off for this process (default: ``$POLYDIST_TRACE``, on).
+
+    Off, collectives record nothing and dumps carry the threads' stacks only.
+    Records already made are kept.
+    """
+    RECORDER.on = bool(enabled)

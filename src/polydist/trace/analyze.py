@@ -1,0 +1,240 @@
+"""``polydist trace DIR``: from every rank's dump, say which ranks wait in which call and where the others are.
+
+:func:`load` (from :mod:`.reader`) reads the ``rank<R>.json`` files of a trace
+directory (format: :mod:`polydist.trace`), naming each file it cannot use.
+:func:`diagnose` turns the dumps into a :class:`Diagnosis`:
+
+- one header per dump: why it was written, its error;
+- the ranks of the world with no dump (killed, or dead before they could write one);
+- per group, the stuck call: the highest sequence number that a member's
+  *last* call on the group is still in (state "started") or failed in; who
+  waits in it and for how long, who completed it, and who never called it and
+  where that rank is instead: in its last call if that has not completed;
+  else, when it dumped for an exception, where it raised it (the innermost
+  frame of user code of the error's traceback); else at the innermost frame
+  of user code on its main thread. A point-to-point call that is a rank's
+  last call and has not completed is reported with where its peer is;
+- per group, the first call the members disagree on (collective, op, root,
+  value or tensors; dtypes and shapes too where every rank passes the same),
+  among the sequence numbers every member's ring buffer still holds.
+
+Times are wall-clock seconds (``time.time()``): "waiting since" is the dump's
+time minus the call's start, both on that rank's clock; a failed call waited
+from its start to its end. :meth:`Diagnosis.text` says it all in plain lines
+(:mod:`.words`, e.g. ``all_reduce #41 on [0,1,2,3]: ranks 0,1,3 waiting since
+12.3 s at train.py:88; rank 2 never called it — it is in barrier #40 at
+train.py:95``); :meth:`Diagnosis.as_dict` gives it as JSON-ready data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .reader import Call, Dump, Dumps, Problem, Site, innermost, load, raised_at
+from .words import describe, label, render
+
+__all__ = ["Where", "Waiter", "Stuck", "Disagreement", "Diagnosis", "diagnose", "load", "describe", "label"]
+__all__ += ["Call", "Dump", "Dumps", "Problem", "Site"]  # read by .reader, named here for callers
+
+# Collectives whose every rank passes the same dtypes and shapes.
+_SAME_SHAPES = frozenset({"all_reduce", "reduce", "broadcast", "reduce_scatter", "barrier"})
+
+
+@dataclass
+class Where:
+    """Where one rank is, for a finding about a call it is not waiting in.
+
+    ``relation`` to that call: "completed" (it did its part), "never called",
+    "peer" (the other side of a point-to-point call), "unknown" (no dump, an
+    unreadable one, or the recorder was off). ``kind``: "in call" (its last
+    call has not completed: ``call``), "failed" (its last call failed:
+    ``call``), "raised" (it dumped for an exception, ``error``, raised at
+    ``site``: the innermost frame of user code of its traceback, None without
+    one), "user code" / "library code" (the innermost frame of its main
+    thread outside polydist, torch and the standard library / of any kind:
+    ``site``), "no stack", "no dump", "unreadable". With "raised", "user code",
+    "library code" and "no stack", ``last`` is its last call, completed
+    ``seconds`` before its dump.
+    """
+
+    rank: int
+    relation: str
+    kind: str
+    call: Optional[Call] = None
+    site: Optional[Site] = None
+    last: Optional[Call] = None
+    seconds: Optional[float] = None
+    error: Optional[str] = None
+
+
+@dataclass
+class Waiter:
+    """A rank in the stuck call: waiting ``seconds`` so far (state "started") or until it failed."""
+
+    rank: int
+    call: Call
+    seconds: float
+
+
+@dataclass
+class Stuck:
+    """A call that some ranks wait in or failed in: ``seq`` on ``group`` (None: a point-to-point ``waiting[0]``)."""
+
+    group: tuple
+    seq: Optional[int]
+    waiting: list
+    others: list  # Where, one per other member (the peer for point-to-point)
+
+
+@dataclass
+class Disagreement:
+    """The first call ``seq`` on ``group`` that members made differently; ``calls``: rank -> its call."""
+
+    group: tuple
+    seq: int
+    calls: dict
+
+
+@dataclass
+class Diagnosis:
+    """All :func:`diagnose` found; :meth:`text` says it in plain lines, :meth:`as_dict` for tools."""
+
+    directory: str
+    world_size: Optional[int]
+    dumps: list  # Dump, by rank
+    problems: list  # Problem
+    missing: list  # ranks of the world with no dump file at all
+    stuck: list = field(default_factory=list)
+    disagreements: list = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        """True when nothing is stuck, nothing disagrees, and every rank's dump was read."""
+        return not (self.stuck or self.disagreements or self.missing or self.problems)
+
+    def text(self) -> str:
+        """The diagnosis as lines of plain text (:mod:`.words`; sample in :mod:`polydist.trace.cli`)."""
+        return "\n".join(render(self))
+
+    def as_dict(self) -> dict:
+        """The diagnosis as JSON-ready data (calls as their dump fields, sites with full paths)."""
+        return _as_dict(self)
+
+
+def _where(rank: int, relation: str, dumps: Dumps) -> Where:
+    dump = dumps.ranks.get(rank)
+    if dump is None:
+        unreadable = any(p.rank == rank for p in dumps.problems)
+        return Where(rank, "unknown", "unreadable" if unreadable else "no dump")
+    relation = relation if dump.enabled else "unknown"
+    last = dump.calls[-1] if dump.calls else None
+    if last is not None and last.state != "completed":
+        return Where(rank, relation, "in call" if last.state == "started" else "failed", call=last)
+    seconds = dump.time - last.end if last is not None and last.end is not None else None
+    if dump.reason == "exception" and dump.error:  # its main thread is in the handler: where it raised says more
+        return Where(rank, relation, "raised", site=raised_at(dump)[0], last=last, seconds=seconds, error=dump.error)
+    site, user = innermost(dump.stacks)
+    kind = "no stack" if site is None else "user code" if user else "library code"
+    return Where(rank, relation, kind, site=site, last=last, seconds=seconds)
+
+
+def _waited(call: Call, dump: Dump) -> float:
+    end = call.end if call.state == "failed" and call.end is not None else dump.time
+    return max(0.0, end - call.start)
+
+
+def _group_stuck(group: tuple, lasts: dict, dumps: Dumps) -> Optional[Stuck]:
+    """The stuck call of ``group``, from each member's last call on it (``lasts``: rank -> Call)."""
+    open_seqs = [c.seq for c in lasts.values() if c.state != "completed"]
+    if not open_seqs:
+        return None
+    seq = max(open_seqs)
+    stuck = Stuck(group, seq, [], [])
+    for rank in group:
+        dump, last = dumps.ranks.get(rank), lasts.get(rank)
+        if last is not None and last.seq == seq and last.state != "completed":
+            stuck.waiting.append(Waiter(rank, last, _waited(last, dump)))
+        else:
+            called = dump is not None and any(c.group == group and c.seq == seq for c in dump.calls)
+            stuck.others.append(_where(rank, "completed" if called else "never called", dumps))
+    return stuck
+
+
+def _fingerprint(call: Call) -> tuple:
+    tensors = (call.dtypes, call.shapes) if call.collective in _SAME_SHAPES else ()
+    return call.collective, call.op, call.root, call.value, tensors
+
+
+def _disagreement(group: tuple, dumps: Dumps) -> Optional[Disagreement]:
+    """The lowest sequence number held by every member whose calls differ.
+
+    Members with no dump, the recorder off or no call on the group are left out of the comparison.
+    """
+    by_rank = {}
+    for rank in group:
+        dump = dumps.ranks.get(rank)
+        if dump is not None and dump.enabled:
+            calls = {c.seq: c for c in dump.calls if c.group == group and c.seq is not None}
+            by_rank.update({rank: calls} if calls else {})
+    if len(by_rank) < 2:
+        return None
+    for seq in sorted(set.intersection(*(set(calls) for calls in by_rank.values()))):
+        if len({_fingerprint(calls[seq]) for calls in by_rank.values()}) > 1:
+            return Disagreement(group, seq, {rank: calls[seq] for rank, calls in by_rank.items()})
+    return None
+
+
+def diagnose(dumps: Dumps) -> Diagnosis:
+    """What the dumps say: stuck calls, ranks with no dump, the first disagreement per group. Never raises."""
+    have = set(dumps.ranks) | {p.rank for p in dumps.problems}
+    missing = [r for r in range(dumps.world_size or 0) if r not in have]
+    found = Diagnosis(dumps.directory, dumps.world_size, [dumps.ranks[r] for r in sorted(dumps.ranks)],
+                      list(dumps.problems), missing)  # fmt: skip
+    lasts: dict = {}  # group -> rank -> its last collective on the group
+    for dump in found.dumps:
+        for call in dump.calls:
+            if call.seq is not None:
+                lasts.setdefault(call.group, {})[dump.rank] = call
+        last = dump.calls[-1] if dump.calls else None
+        if last is not None and last.seq is None and last.state != "completed":  # a send or recv holds it up
+            peers = [_where(last.root, "peer", dumps)] if last.root is not None and last.root != dump.rank else []
+            found.stuck.append(Stuck(last.group, None, [Waiter(dump.rank, last, _waited(last, dump))], peers))
+    for group in sorted(lasts, key=lambda g: (-len(g), g)):
+        stuck = _group_stuck(group, lasts[group], dumps)
+        found.stuck += [stuck] if stuck else []
+        disagreement = _disagreement(group, dumps)
+        found.disagreements += [disagreement] if disagreement else []
+    found.stuck.sort(key=lambda s: min(w.call.start for w in s.waiting))  # the oldest wait first: often the cause
+    return found
+
+
+def _plain(x: Any) -> Any:
+    """``x`` with dataclasses as dicts and tuples as lists, for JSON."""
+    if dataclasses.is_dataclass(x):
+        return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    return x
+
+
+def _as_dict(found: Diagnosis) -> dict:
+    """See :meth:`Diagnosis.as_dict`: per rank, its dump's fields (the error in full, with its traceback), where
+    its main thread is (``location``) and where its error was raised (``raised_at``), then the findings."""
+    ranks = []
+    for d in found.dumps:
+        site, user = innermost(d.stacks)
+        fields = {k: getattr(d, k) for k in ("rank", "host", "pid", "backend", "reason", "time", "error", "traceback",
+                                             "enabled", "dropped", "path")}  # fmt: skip
+        ranks.append({**fields, "calls": len(d.calls), "location": _plain(site), "user_code": user,
+                      "raised_at": _plain(raised_at(d)[0])})  # fmt: skip
+    stuck = [{**_plain(s), "collective": s.waiting[0].call.collective
+              if len({w.call.collective for w in s.waiting}) == 1 else None} for s in found.stuck]  # fmt: skip
+    return {
+        "directory": found.directory, "world_size": found.world_size, "healthy": found.healthy, "ranks": ranks,
+        "missing": found.missing, "problems": _plain(found.problems), "stuck": stuck,
+        "disagreements": _plain(found.disagreements), "text": render(found),
+    }  # fmt: skip

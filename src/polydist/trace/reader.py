@@ -1,0 +1,318 @@
+"""Reading the flight recorder's dumps, checked against the format (:mod:`polydist.trace`).
+
+:func:`load` reads the ``rank<R>.json`` files of a trace directory into
+:class:`Dumps`; a file that is unreadable, too large, truncated, not JSON or
+not in the format becomes one :class:`Problem` (naming the file and what is
+wrong with it) and the others are read on. What is read is checked field by
+field, so that the analysis (:mod:`polydist.trace.analyze`) and the Chrome
+export (:mod:`polydist.trace.chrome`) work on typed values only. Fields a
+writer may leave out (host, pid, backend, ...) default to None; the ones an
+analysis cannot do without (rank, reason, time, entries; an entry's id,
+collective, group, start and state) are required.
+
+Times are wall-clock seconds since the epoch, as in the dumps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["Site", "Stack", "Call", "Dump", "Problem", "Dumps", "load", "read_dump", "is_library", "innermost",
+           "raised_at"]
+
+_FILE = re.compile(r"rank(\d+)\.json")
+_MAX_BYTES = 256 << 20  # a 2,000-entry dump is about 1 MB; more is not a dump
+_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)  # as collectives.timeouts recognises one
+
+# ---------------------------------------------------------------- the dumps
+
+
+@dataclass(frozen=True)
+class Site:
+    """A place in the program: the file as the dump names it, the line, the function (each None when unknown)."""
+
+    file: Optional[str]
+    line: Optional[int]
+    function: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One thread's Python stack: ``frames`` are Sites, outermost first."""
+
+    thread: str
+    main: bool
+    frames: tuple
+
+
+@dataclass(frozen=True)
+class Call:
+    """One entry of a dump: a collective or point-to-point call (fields as in the format; times in s)."""
+
+    rank: int  # whose dump holds it
+    id: int
+    collective: str
+    group: tuple
+    seq: Optional[int]
+    op: Optional[str]
+    root: Optional[int]
+    dtypes: tuple
+    shapes: tuple
+    bytes: int
+    value: bool
+    is_async: bool
+    file: Optional[str]
+    line: Optional[int]
+    function: Optional[str]
+    start: float
+    end: Optional[float]
+    state: str
+    error: Optional[str]
+
+    @property
+    def site(self) -> Site:
+        return Site(self.file, self.line, self.function)
+
+    @property
+    def timed_out(self) -> bool:
+        return self.state == "failed" and bool(_TIMEOUT.search(self.error or ""))
+
+
+@dataclass(frozen=True)
+class Dump:
+    """One rank's dump file, checked against the format."""
+
+    path: str
+    rank: int
+    world_size: Optional[int]
+    local_rank: Optional[int]
+    host: Optional[str]
+    pid: Optional[int]
+    backend: Optional[str]
+    reason: str
+    time: float
+    error: Optional[str]
+    traceback: Optional[str]  # the error's formatted traceback
+    error_frames: tuple  # Site, the error's traceback, outermost first; () without one (or from older writers)
+    enabled: bool
+    dropped: int
+    calls: tuple  # Call, oldest first
+    stacks: tuple  # Stack, the main thread's first
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A file of the directory that could not be used: ``file`` (its name), ``rank`` (from the name), why."""
+
+    file: str
+    rank: Optional[int]
+    message: str
+
+    def text(self) -> str:
+        return f"{self.file}: {self.message}" if self.file else self.message
+
+
+@dataclass
+class Dumps:
+    """What :func:`load` read: the dumps by rank, the problems, and the job's world size (None: unknown)."""
+
+    directory: str
+    ranks: dict
+    problems: list
+    world_size: Optional[int]
+
+
+class _Bad(ValueError):
+    """A dump that does not follow the format; the message says where."""
+
+
+# Field checks: kind -> test. A kind ending in "?" also allows null.
+_KINDS = {
+    "int": lambda v: type(v) is int,
+    "nat": lambda v: type(v) is int and v >= 0,
+    "num": lambda v: type(v) in (int, float) and math.isfinite(v),
+    "str": lambda v: isinstance(v, str),
+    "bool": lambda v: type(v) is bool,
+    "ranks": lambda v: isinstance(v, list) and len(v) > 0 and all(type(r) is int and r >= 0 for r in v),
+    "strs": lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
+    "shapes": lambda v: isinstance(v, list) and all(isinstance(s, list) and all(type(d) is int for d in s) for s in v),
+    "list": lambda v: isinstance(v, list),
+}
+_REQUIRED = object()
+# name -> (kind, default when absent): only what an analysis cannot do without is required.
+_DUMP = {"rank": ("nat", _REQUIRED), "world_size": ("nat?", None), "local_rank": ("int?", None),
+         "host": ("str?", None), "pid": ("int?", None), "backend": ("str?", None), "reason": ("str", _REQUIRED),
+         "time": ("num", _REQUIRED), "error": ("str?", None), "traceback": ("str?", None),
+         "error_frames": ("list", ()), "enabled": ("bool", True), "dropped": ("nat", 0),
+         "entries": ("list", _REQUIRED), "stacks": ("list", ())}  # fmt: skip
+_ENTRY = {"id": ("nat", _REQUIRED), "collective": ("str", _REQUIRED), "group": ("ranks", _REQUIRED),
+          "seq": ("nat?", None), "op": ("str?", None), "root": ("int?", None), "dtypes": ("strs", ()),
+          "shapes": ("shapes", ()), "bytes": ("nat", 0), "value": ("bool", False), "async": ("bool", False),
+          "file": ("str?", None), "line": ("int?", None), "function": ("str?", None), "start": ("num", _REQUIRED),
+          "end": ("num?", None), "state": ("str", _REQUIRED), "error": ("str?", None)}  # fmt: skip
+
+_STACK = {"thread": ("str", "?"), "main": ("bool", False), "frames": ("list", ())}
+_FRAME = {"file": ("str?", None), "line": ("int?", None), "function": ("str?", None)}
+
+
+def _fields(obj: Any, spec: dict, where: str) -> dict:
+    """The fields of ``obj`` named in ``spec``, checked; absent optional ones take their default."""
+    if not isinstance(obj, dict):
+        raise _Bad(f"{where} is not an object")
+    out = {}
+    for name, (kind, default) in spec.items():
+        if name not in obj or (obj[name] is None and kind.endswith("?")):
+            if default is _REQUIRED:
+                raise _Bad(f"{where} has no {name!r}")
+            out[name] = default
+        elif not _KINDS[kind.rstrip("?")](obj[name]):
+            raise _Bad(f"{where}.{name} is not {kind.rstrip('?')}: {str(obj[name])[:40]!r}")
+        else:
+            out[name] = obj[name]
+    return out
+
+
+def _call(obj: Any, rank: int, size: Optional[int], where: str) -> Call:
+    f = _fields(obj, _ENTRY, where)
+    if f["state"] not in ("started", "completed", "failed"):
+        raise _Bad(f"{where}.state is {f['state'][:20]!r}, not started, completed or failed")
+    if rank not in f["group"] or (size is not None and max(f["group"]) >= size):
+        raise _Bad(f"{where}.group {f['group'][:16]} is not a group of rank {rank} in a world of {size}")
+    return Call(rank=rank, id=f["id"], collective=f["collective"], group=tuple(f["group"]), seq=f["seq"], op=f["op"],
+                root=f["root"], dtypes=tuple(f["dtypes"]), shapes=tuple(map(tuple, f["shapes"])), bytes=f["bytes"],
+                value=f["value"], is_async=f["async"], file=f["file"], line=f["line"], function=f["function"],
+                start=float(f["start"]), end=f["end"], state=f["state"], error=f["error"])  # fmt: skip
+
+
+def _sites(frames: list, where: str) -> tuple:
+    return tuple(Site(**_fields(x, _FRAME, f"{where}[{i}]")) for i, x in enumerate(frames))
+
+
+def _stack(obj: Any, where: str) -> Stack:
+    f = _fields(obj, _STACK, where)
+    return Stack(f["thread"], f["main"], _sites(f["frames"], f"{where}.frames"))
+
+
+def _no_constant(name: str) -> Any:
+    raise _Bad(f"holds {name}, which is not JSON")
+
+
+def read_dump(path: str) -> Dump:
+    """Read and check one dump file.
+
+    Raises:
+        ValueError: (``_Bad``) the file is not a polydist-trace version 1 dump; the message says why.
+        OSError: the file cannot be read.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or never end
+        raise _Bad("is not a regular file")
+    with open(path, "rb") as f:
+        raw = f.read(_MAX_BYTES + 1)
+    if len(raw) > _MAX_BYTES:
+        raise _Bad(f"is larger than {_MAX_BYTES >> 20} MiB, too large for a dump")
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        raise _Bad(f"is not UTF-8 text (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise _Bad(f"is not valid JSON, truncated? ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except _Bad:
+        raise
+    except (ValueError, RecursionError) as exc:  # an integer of too many digits; nesting deeper than the stack
+        raise _Bad(f"is not JSON that a dump can hold ({type(exc).__name__}: {str(exc)[:60]})") from None
+    if not isinstance(data, dict) or data.get("format") != "polydist-trace":
+        raise _Bad("is not a polydist trace dump (no \"format\": \"polydist-trace\")")
+    if data.get("version") != 1:
+        raise _Bad(f"is format version {str(data.get('version'))[:20]}; this polydist reads version 1")
+    f = _fields(data, _DUMP, "the dump")
+    rank, size = f["rank"], f["world_size"]
+    if size is not None and rank >= size:
+        raise _Bad(f"says rank {rank} of a world of {size}")
+    calls = sorted((_call(e, rank, size, f"entries[{i}]") for i, e in enumerate(f["entries"])), key=lambda c: c.id)
+    stacks = [_stack(s, f"stacks[{i}]") for i, s in enumerate(f["stacks"])]
+    return Dump(path=path, rank=rank, world_size=size, local_rank=f["local_rank"], host=f["host"], pid=f["pid"],
+                backend=f["backend"], reason=f["reason"], time=float(f["time"]), error=f["error"],
+                traceback=f["traceback"], error_frames=_sites(f["error_frames"], "error_frames"),
+                enabled=f["enabled"], dropped=f["dropped"], calls=tuple(calls),
+                stacks=tuple(sorted(stacks, key=lambda s: not s.main)))  # fmt: skip
+
+
+def load(directory: str) -> Dumps:
+    """Read every ``rank<R>.json`` of ``directory``; other files are ignored.
+
+    A file that cannot be used (unreadable, too large, not JSON, not the
+    format, a rank that its name or the other dumps contradict) is left out
+    and named in ``problems``; never raises for a file.
+
+    Raises:
+        FileNotFoundError, NotADirectoryError: ``directory`` is not a directory.
+    """
+    dumps = Dumps(directory, {}, [], None)
+    files = sorted((int(m.group(1)), m.group(0)) for m in map(_FILE.fullmatch, os.listdir(directory)) if m)
+    for rank, name in files:
+        try:
+            dump = read_dump(os.path.join(directory, name))
+        except (ValueError, OSError) as exc:
+            why = str(exc) if isinstance(exc, _Bad) else f"cannot be read: {getattr(exc, 'strerror', None) or exc}"
+            dumps.problems.append(Problem(name, rank, why))
+            continue
+        if dump.rank != rank:
+            dumps.problems.append(Problem(name, rank, f"holds the dump of rank {dump.rank}, not of rank {rank}"))
+        elif rank in dumps.ranks:
+            dumps.problems.append(Problem(name, rank, f"is a second dump of rank {rank}; "
+                                                      f"{os.path.basename(dumps.ranks[rank].path)} is used"))
+        else:
+            dumps.ranks[rank] = dump
+    sizes = sorted({d.world_size for d in dumps.ranks.values() if d.world_size is not None})
+    if len(sizes) > 1:
+        said = ", ".join(f"{os.path.basename(d.path)} says {d.world_size}" for d in dumps.ranks.values())
+        dumps.problems.append(Problem("", None, f"the dumps disagree on the world size: {said}"))
+    # With no world size in any dump (a launcher's variables contradicted each other), the ranks seen bound it.
+    seen = [r for d in dumps.ranks.values() for r in (d.rank, *(r for c in d.calls for r in c.group))]
+    dumps.world_size = max(sizes) if sizes else max(seen, default=-1) + 1 or None
+    return dumps
+
+
+# ---------------------------------------------------------------- where a rank's own code is
+
+# Frames that are not the user's: installed packages (torch, ...), the standard library, polydist from a checkout.
+_LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python[\d.]*[/\\]|[/\\]Lib[/\\]|"
+                      r"[/\\]src[/\\]polydist[/\\]|^<frozen ")  # fmt: skip
+_POLYDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # this install's, for local dumps
+
+
+def is_library(file: Optional[str]) -> bool:
+    """Whether ``file`` (a frame's path) belongs to polydist, torch, another package or the standard library."""
+    return file is None or bool(_LIBRARY.search(file)) or file.startswith(_POLYDIST)
+
+
+def _innermost(frames: tuple) -> tuple:
+    """``(site, user)``: the innermost of ``frames`` (outermost first) in user code, else the innermost frame.
+
+    ``(None, False)`` when there are no frames.
+    """
+    if not frames:
+        return None, False
+    user = next((f for f in reversed(frames) if not is_library(f.file)), None)
+    return (user, True) if user is not None else (frames[-1], False)
+
+
+def innermost(stacks: tuple) -> tuple:
+    """``(site, user)``: the main thread's innermost frame of user code (user True), else its innermost frame.
+
+    ``(None, False)`` when the dump has no main-thread stack.
+    """
+    main = next((s for s in stacks if s.main), None)
+    return _innermost(main.frames if main is not None else ())
+
+
+def raised_at(dump: Dump) -> tuple:
+    """``(site, user)``: where the dump's error was raised — the innermost frame of user code of its traceback
+    (user True), else its innermost frame; ``(None, False)`` when the dump has no traceback frames."""
+    return _innermost(dump.error_frames)
