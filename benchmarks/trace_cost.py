@@ -6,8 +6,10 @@ shape, a list stored. This times ``polydist.all_reduce`` of float32 tensors with
 ``polydist.set_trace(False)`` ("trace off") and ``set_trace(True)`` ("trace
 on", the default), interleaved, with raw ``torch.distributed.all_reduce`` as a
 reference (on MPI: the mpi4py process group through torch's dispatch). The
-switch is flipped around every call in both cases alike. Budget (issue 14):
-at most 1 µs per call on an 8 B MPI all_reduce; unmeasurable on gloo.
+switch is flipped around every call in both cases alike. "trace off again" is
+the first case run a second time: the ratio of the two says how large the
+noise is. Budget (issue 14): at most 1 µs per call on an 8 B MPI all_reduce;
+unmeasurable on gloo.
 
 A second table times the recorder's own step alone (record, then complete;
 no communication) in this process, which the collective timings' noise hides.
@@ -18,6 +20,7 @@ no communication) in this process, which the collective timings' noise hides.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable
 
@@ -72,13 +75,22 @@ def main() -> None:
     records = []
     for size in _common.sizes(args):
         x = torch.ones(max(1, size // 4), device=device)
-        fns = {"trace off": _with_trace(False, x), "trace on": _with_trace(True, x), "torch": _raw(x)}
+        fns = {
+            "trace off": _with_trace(False, x),
+            "trace on": _with_trace(True, x),
+            "trace off again": _with_trace(False, x),  # the same as the first: how far apart noise puts them
+            "torch": _raw(x),
+        }
         for label, t in measure_many(fns, **_common.timing(args)).items():
             records.append(Record.from_timing("all_reduce", label, t, size=x.nbytes, dtype="float32", count=x.numel()))
     _common.report(records, args, title="flight recorder: cost per all_reduce call", reference="trace off")
     alone = _step_alone(torch.ones(2, device=device), n=10_000 if args.quick else 200_000)
     if pd.get_rank() == 0:
-        print(f"\nthe recorder's step alone (record + complete, no collective): {alone:.2f} µs per call", flush=True)
+        line = f"the recorder's step alone (record + complete, no collective): {alone:.2f} µs per call"
+        print(f"\n{line}", flush=True)
+        if args.json:  # beside the table in the markdown report
+            with open(os.path.splitext(args.json)[0] + ".md", "a") as f:
+                f.write(f"\n{line}\n")
     _common.finish()
 
 

@@ -154,9 +154,18 @@ def _init(group_kwargs: dict, info: ProcessInfo) -> None:
     layout = join.layout_from_env(info) or join.layout_from_hostnames()
     _world = World(_torch.default_pg(), owns_group=True, layout=layout, timeout=timeout)
     _world_made()
-    from .trace import profile
+    for hook in on_initialized:  # every rank is here, so a hook may communicate
+        hook()
 
-    profile.start_session()  # polydist run --profile-comms: every rank is here, so it may communicate
+
+# Hooks of the modules that build on this one (which therefore cannot be imported
+# here): called with no argument. on_world_made: whenever a world is made or adopted,
+# from any thread (polydist.trace.dump: the dump's signal handlers); on_initialized:
+# at the end of initialize() (polydist.trace.profile: --profile-comms); on_finalize:
+# in finalize(), while the group lives (the profile's table).
+on_world_made: list = []
+on_initialized: list = []
+on_finalize: list = []
 
 
 def _world_made() -> None:
@@ -164,9 +173,8 @@ def _world_made() -> None:
     # exit handlers of anything imported earlier, mpi4py's MPI_Finalize included.
     atexit.unregister(_finalize_at_exit)
     atexit.register(_finalize_at_exit)
-    from .trace import dump
-
-    dump.install_signal_handlers()  # SIGUSR1 (and a launcher's SIGTERM) write the flight recorder's dump
+    for hook in on_world_made:
+        hook()
 
 
 def _finalize_at_exit() -> None:
@@ -203,9 +211,8 @@ def finalize() -> None:
     """
     global _world
     if _world is not None:
-        from .trace import profile
-
-        profile.end_session()  # polydist run --profile-comms: the table, on rank 0, while the group lives
+        for hook in on_finalize:
+            hook()
     state, _world = world(), None  # its groups, sequence numbers and buffers go with it
     if state is not None and state.owns_group:
         dist.destroy_process_group()

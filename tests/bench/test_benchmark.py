@@ -187,5 +187,5 @@ def test_trace_cost_script_quick_two_ranks(cli_env, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "the recorder's step alone" in done.stdout
     _, records = read_json(out_json)
-    assert {(r.implementation, r.size) for r in records} == {(i, 8) for i in ("trace off", "trace on", "torch")}
+    assert {(r.implementation, r.size) for r in records} == {(i, 8) for i in ("trace off", "trace on", "trace off again", "torch")}
     assert all(r.time_s > 0 and r.error is None for r in records)

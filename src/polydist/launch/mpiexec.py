@@ -165,7 +165,7 @@ class _EndWatch(threading.Thread):
 
         ended = {r for group in self.order for r in group}
         alive = {r: pid for r, pid in pids(self.folder).items() if r not in ended}
-        peers_dump(alive)
+        peers_dump(alive, self.folder)
         for pid in alive.values():
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -23,8 +23,8 @@ from ..backends.mpi4py import job as mpi_job
 from ..environment import detect
 from .elastic import die_with_parent, worker_errors, worker_setup
 from .. import settings
-from .mpiexec import mark_done, prefix_output, record_pid
-from ..trace.dump import ignore_exit_notices, install_signal_handlers
+from .mpiexec import mark_done, pids, prefix_output, record_pid
+from ..trace.dump import ignore_exit_notices, install_signal_handlers, peers_dump
 
 
 
@@ -62,6 +62,7 @@ def _run_under_mpi(argv: list) -> None:
         prefix_output(f"[rank{rank}]: ")
     sys.excepthook = sys.__excepthook__
     mpi_job.install_abort_hook()
+    mpi_job.before_abort.append(lambda exc: _ask_peers(rank))
     try:
         _run(argv)
     except SystemExit as exc:
@@ -72,6 +73,13 @@ def _run_under_mpi(argv: list) -> None:
         _finishing(rank)
         raise
     _finishing(rank)
+
+
+def _ask_peers(rank: int) -> None:
+    """Before ``MPI_Abort`` kills every rank: the other ranks of this node write their flight-recorder dumps."""
+    folder = settings.FAILURE_DIR.read()
+    if folder and os.path.isdir(folder):
+        peers_dump({r: pid for r, pid in pids(folder).items() if r != rank})
 
 
 def _finishing(rank: int) -> None:

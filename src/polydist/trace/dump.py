@@ -32,7 +32,8 @@ import time
 import traceback
 from typing import Optional
 
-from .. import settings
+from .. import context, settings
+from ..backends.mpi4py import job as mpi_job
 from ..collectives.recorder import RECORDER, as_dict
 
 __all__ = ["dump_trace", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers", "ignore_exit_notices", "FORMAT", "VERSION"]
@@ -62,9 +63,7 @@ def trace_dir() -> str:
 
 def _who() -> dict:
     """This process's rank, world size, local rank and backend: from the live world, else the launcher's variables."""
-    from ..context import world
-
-    state = world()
+    state = context.world()
     if state is not None:
         from torch.distributed import get_backend
 
@@ -195,15 +194,18 @@ def failed(exc: BaseException) -> None:
     dump_trace(reason="exception", error=exc)
 
 
-def peers_dump(pids: dict, wait_s: float = 2.0) -> None:
+def peers_dump(pids: dict, job_dir: Optional[str] = None, wait_s: float = 2.0) -> None:
     """Send ``SIGUSR1`` to other ranks (``{rank: pid}``) and wait up to ``wait_s`` for their dumps to appear.
 
-    For a job about to be ended at once (``MPI_Abort``), whose other ranks would otherwise leave no trace.
+    For a job about to be ended at once (``MPI_Abort``), whose other ranks
+    would otherwise leave no trace. ``job_dir``: the ``polydist run
+    --backend mpi`` job's folder (default ``$POLYDIST_FAILURE_DIR``), where a
+    mark tells the ranks this SIGUSR1 is not Hydra's (see :func:`_hydra_notice`).
     """
     start, folder, asked = time.time(), trace_dir(), []
-    mpi_job = settings.FAILURE_DIR.read()
-    if mpi_job and os.path.isdir(mpi_job):  # tells the ranks this SIGUSR1 is not Hydra's (see _hydra_notice)
-        open(os.path.join(mpi_job, _REQUESTED), "w").close()
+    job_dir = job_dir or settings.FAILURE_DIR.read()
+    if job_dir and os.path.isdir(job_dir):
+        open(os.path.join(job_dir, _REQUESTED), "w").close()
     for rank, pid in pids.items():
         try:
             os.kill(pid, signal.SIGUSR1)
@@ -334,3 +336,7 @@ def _die_by(number: int) -> None:
     os.kill(os.getpid(), number)
     time.sleep(5)
     os._exit(128 + number)
+
+
+context.on_world_made.append(install_signal_handlers)  # SIGUSR1 (and a launcher's SIGTERM) dump
+mpi_job.before_abort.append(failed)  # MPI_Abort ends every rank at once: this one's dump first

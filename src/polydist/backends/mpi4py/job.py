@@ -95,22 +95,17 @@ def install_abort_hook() -> None:
     sys.excepthook = hook
 
 
+# Called as hook(exc) before MPI_Abort ends the job, by the layers above this one:
+# polydist.trace.dump writes this rank's flight-recorder dump, polydist run's worker
+# asks the other ranks of the node for theirs.
+before_abort: list = []
+
+
 def fail(rank: int, exc: BaseException, text: str, code: int) -> None:
-    """End the MPI job for ``exc`` on this rank: its traceback for ``polydist run``, flight-recorder dumps, ``MPI_Abort``.
-
-    ``MPI_Abort`` kills every rank at once, so before it this rank writes its
-    own dump and asks the other ranks of its node (their pids are known under
-    ``polydist run``) to write theirs, waiting up to 2 s for them.
-    """
-    from ...trace.dump import failed, peers_dump
-
+    """End the MPI job for ``exc`` on this rank: its traceback for ``polydist run``, the hooks, ``MPI_Abort``."""
     record_failure(rank, text)
-    failed(exc)
-    folder = FAILURE_DIR.read()
-    if folder and os.path.isdir(folder):
-        from ...launch.mpiexec import pids
-
-        peers_dump({r: pid for r, pid in pids(folder).items() if r != rank})
+    for hook in before_abort:
+        hook(exc)
     abort(code)
 
 
