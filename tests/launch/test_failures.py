@@ -123,9 +123,18 @@ def test_spawn_ends_job_naming_failed_rank(tmp_path, monkeypatch, how):
     from failure_latency import fail_last_rank
 
     mark = str(tmp_path / "mark")
+    monkeypatch.setenv("POLYDIST_TRACE_DIR", str(tmp_path / "trace"))  # where the ranks' flight-recorder dumps go
     with pytest.raises(pd.WorkerFailedError) as info:
         pd.spawn("gloo", fail_last_rank, args=(how, mark), nproc_per_node=3)
     elapsed = _ended_after(mark)
+    dumps = {}
+    for name in os.listdir(tmp_path / "trace"):
+        with open(tmp_path / "trace" / name) as f:
+            dumps[name] = json.load(f)
+    # the failed rank wrote its own (not when killed); the others were stopped, or lost their peer, and wrote theirs
+    assert set(dumps) == ({"rank0.json", "rank1.json"} if how == "kill" else {"rank0.json", "rank1.json", "rank2.json"})
+    if how != "kill":
+        assert dumps["rank2.json"]["reason"] == "exception"
     assert info.value.root_rank == 2
     text = str(info.value)
     assert text.startswith("rank 2 (local rank 2, pid ")

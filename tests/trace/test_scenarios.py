@@ -172,13 +172,25 @@ def test_rank_that_raises_dumps_its_error_and_the_others_theirs(backend, tmp_pat
     assert (stuck["collective"], stuck["seq"]) == ("all_reduce", 5) and _waiting(stuck) == [0, 2]
 
 
-# ---------------------------------------------------------------- ranks that disagree (gloo: they time out)
+# ---------------------------------------------------------------- ranks that disagree (gloo: they time out; MPI: they hang)
 
 
-@pytest.mark.parametrize("mode, odd, called", [("skip", 2, "barrier"), ("order", 1, "broadcast")])
-def test_first_disagreement_is_named(mode, odd, called, tmp_path, cli_env):
-    code, out, trace_dir = _job(mode, "gloo", tmp_path, cli_env)
-    assert code == 1 and "CollectiveTimeoutError" in out, out
+@pytest.mark.parametrize(
+    "mode, odd, called, backend",
+    [
+        ("skip", 2, "barrier", "gloo"),
+        ("order", 1, "broadcast", "gloo"),
+        pytest.param("skip", 2, "barrier", "mpi", marks=needs_mpi),  # MPI: hangs, dumped by SIGUSR1
+    ],
+)
+def test_first_disagreement_is_named(mode, odd, called, backend, tmp_path, cli_env):
+    def then(job, folder, trace_dir):
+        if backend == "mpi":
+            _signal_dumps(folder, trace_dir)
+            _end(job, folder)
+
+    code, out, trace_dir = _job(mode, backend, tmp_path, cli_env, then)
+    assert code != 0 and (backend == "mpi" or "CollectiveTimeoutError" in out), out
     found = _trace(trace_dir)
     first = found["disagreements"][0]
     assert first["seq"] == 5 and first["group"] == [0, 1, 2]
