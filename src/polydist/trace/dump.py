@@ -39,7 +39,7 @@ from ..collectives.recorder import RECORDER, as_dict
 __all__ = ["dump_trace", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers", "ignore_exit_notices", "FORMAT", "VERSION"]
 
 FORMAT, VERSION = "polydist-trace", 1
-_lock = threading.Lock()  # one dump at a time: a signal may arrive while a timeout dumps
+_lock = threading.RLock()  # one dump at a time; reentrant: a signal handler may run inside a dump, on its thread
 _earlier: Optional[tuple] = None  # (error, traceback) of this process's last dump that had an error
 _WATCHER = "polydist-trace-signals"
 
@@ -138,7 +138,7 @@ def _write(path: Optional[str], reason: str, error: Optional[BaseException]) -> 
     if error is not None:
         _earlier = (
             f"{type(error).__name__}: {error}",
-            "".join(traceback.format_exception(error)),
+            "".join(traceback.format_exception(type(error), error, error.__traceback__)),
             _frames(traceback.extract_tb(error.__traceback__)),
         )
     # A later dump (a launcher's SIGTERM after the timeout) keeps the error an earlier one recorded.
