@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test fuzz setup docs docs-setup clean
+.PHONY: demo test fuzz setup docs docs-setup horovod clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,14 @@ test: $(STAMP)
 # The codec fuzz tests with a long budget (50,000 examples per property, about 5 minutes; make test runs 150).
 fuzz: $(STAMP)
 	$(BIN)/python -m pytest tests/unit/test_codec_fuzz.py --hypothesis-profile=long -p no:cacheprovider
+
+# Horovod 0.28.1 with Gloo, built for the installed torch (upstream never released the C++17 build fix that
+# torch >= 2.1 needs; tools/build_horovod.sh applies it to the registry's source package, ~1.5 min on 2 cores)
+# and cached under .venv, so that a second run only installs. Needs g++ and cmake (installed from Debian if missing).
+horovod: $(STAMP)
+	command -v g++ >/dev/null && command -v cmake >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ cmake)
+	tools/build_horovod.sh $(BIN)/python $(VENV)/horovod-wheels
 
 # The documentation site (mkdocs.yml, docs/): the docs extra and Debian's chromium + chromedriver for the
 # browser check (tests/docs/test_site.py, which make test also runs, skipping it where they are missing).
