@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import torch
 
-from .. import settings
+from .. import codec, settings
 
 __all__ = ["Recorder", "RECORDER", "as_dict", "set_trace"]
 
@@ -137,7 +137,7 @@ def as_dict(record: list) -> dict:
         "seq": record[SEQ],
         "op": op if op is None or isinstance(op, str) else str(op).rsplit(".", 1)[-1],
         "root": record[ROOT],
-        "dtypes": [str(dtype).replace("torch.", "") for dtype, _ in tensors or ()],
+        "dtypes": [codec.dtype_name(dtype) for dtype, _ in tensors or ()],
         "shapes": [list(shape) for _, shape in tensors or ()],
         "bytes": sum(shape.numel() * dtype.itemsize for dtype, shape in tensors or ()),
         "value": tensors is None,

@@ -32,7 +32,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from .. import _torch
 from ..environment import detect
 from ..errors import WorkerFailedError
-from ..trace.dump import failed
+from ..trace.dump import DUMP_NOTE, failed
 
 __all__ = [
     "launch",
@@ -155,9 +155,6 @@ def _no_traceback(record: logging.LogRecord) -> bool:
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker")
 
 
-_DUMP_NOTE = "flight recorder dump of this rank"  # the note dump.timed_out adds: not the error itself
-
-
 def _traceback(failure: Any) -> str:
     """The traceback the worker recorded, or "" when it recorded none (killed, crashed, os._exit)."""
     data = failure.error_file_data or {}
@@ -225,7 +222,7 @@ def _failure_report(exc: ChildFailedError, nnodes: int = 1) -> WorkerFailedError
             _traceback(root).rstrip() or _no_traceback_text(root),
         ]
     for rank, f in rest:
-        lines_of = [line for line in _traceback(f).strip().splitlines() if not line.startswith(_DUMP_NOTE)]
+        lines_of = [line for line in _traceback(f).strip().splitlines() if not line.startswith(DUMP_NOTE)]  # a note, not the error
         last = (lines_of or [""])[-1]
         last = last if len(last) <= 160 else last[:157] + "..."
         lines.append(f"rank {rank}: {_how(f.exitcode)}{': ' + last if last else ''}")

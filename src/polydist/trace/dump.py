@@ -36,9 +36,13 @@ from .. import context, settings
 from ..backends.mpi4py import job as mpi_job
 from ..collectives.recorder import RECORDER, as_dict
 
-__all__ = ["dump_trace", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers", "ignore_exit_notices", "FORMAT", "VERSION"]
+__all__ = [
+    "dump_trace", "dump_path", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers",
+    "ignore_exit_notices", "FORMAT", "VERSION", "DUMP_NOTE",
+]  # fmt: skip
 
 FORMAT, VERSION = "polydist-trace", 1
+DUMP_NOTE = "flight recorder dump of this rank"  # how the note timed_out adds to an error begins
 _lock = threading.RLock()  # one dump at a time; reentrant: a signal handler may run inside a dump, on its thread
 _earlier: Optional[tuple] = None  # (error, traceback) of this process's last dump that had an error
 _WATCHER = "polydist-trace-signals"
@@ -96,6 +100,11 @@ def _stacks() -> list:
         out.append({"thread": names.get(ident, f"thread {ident}"), "ident": ident, "main": ident == main, "frames": frames})
     out.sort(key=lambda s: not s["main"])
     return out
+
+
+def dump_path(folder: str, rank: int) -> str:
+    """The file of ``rank``'s dump in ``folder``: ``rank<R>.json``."""
+    return os.path.join(folder, f"rank{rank}.json")
 
 
 def _frames(summary: traceback.StackSummary) -> list:
@@ -161,7 +170,7 @@ def _write(path: Optional[str], reason: str, error: Optional[BaseException]) -> 
     }
     target = path or trace_dir()
     if not target.endswith(".json"):
-        target = os.path.join(target, f"rank{who['rank']}.json")
+        target = dump_path(target, who["rank"])
     folder = os.path.dirname(os.path.abspath(target))
     os.makedirs(folder, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=".dump-", dir=folder)
@@ -180,7 +189,7 @@ def timed_out(exc: BaseException) -> None:
     path = dump_trace(reason="timeout", error=exc)
     exc._polydist_dumped = True  # type: ignore[attr-defined]  # failed() keeps this dump, whose reason says more
     if path is not None:
-        note = f"flight recorder dump of this rank: {path} (read every rank's: polydist trace {os.path.dirname(path)})"
+        note = f"{DUMP_NOTE}: {path} (read every rank's: polydist trace {os.path.dirname(path)})"
         if hasattr(exc, "add_note"):  # Python >= 3.11: shown under the error's traceback
             exc.add_note(note)
         else:
@@ -214,7 +223,7 @@ def peers_dump(pids: dict, job_dir: Optional[str] = None, wait_s: float = 2.0) -
             pass
     deadline = time.monotonic() + wait_s
     while asked and time.monotonic() < deadline:
-        asked = [r for r in asked if not _written_since(os.path.join(folder, f"rank{r}.json"), start)]
+        asked = [r for r in asked if not _written_since(dump_path(folder, r), start)]
         time.sleep(0.02)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Iterable, Optional
 
+from ..collectives.debug import describe_tensor
 from .reader import Call, Dump, Site, innermost, raised_at
 
 if TYPE_CHECKING:  # the findings' types; .analyze imports this module
@@ -64,7 +65,7 @@ def brief(error: Optional[str]) -> str:
 
 def describe(call: Call) -> str:
     """A call as the user wrote it, roughly: ``all_reduce(float32[4, 2], op=SUM)``, ``broadcast(values, src=0)``."""
-    tensors = [f"{d}[{', '.join(map(str, s))}]" for d, s in zip(call.dtypes, call.shapes)]
+    tensors = [describe_tensor(d, s) for d, s in zip(call.dtypes, call.shapes)]
     args = tensors if len(tensors) <= 3 else tensors[:2] + [f"... ({len(tensors)} tensors)"]
     args = ["values"] if call.value else args
     args += [f"op={call.op}"] if call.op is not None else []
