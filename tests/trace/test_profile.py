@@ -145,6 +145,15 @@ def test_a_profile_outside_a_world_is_empty_and_restores_the_recorder():
         failed.as_dict()
 
 
+def test_a_profile_is_entered_once():
+    keep = RECORDER.keep
+    prof = pd.comms_profile(show=False)
+    with prof:
+        with pytest.raises(RuntimeError, match="^this comms profile is already open$"):
+            prof.__enter__()
+    assert RECORDER.keep is keep and prof.as_dict()["rows"] == []
+
+
 # ---------------------------------------------------------------- real worlds
 
 

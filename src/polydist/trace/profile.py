@@ -191,8 +191,9 @@ def comms_profile(group: GroupLike = None, *, show: bool = True) -> CommsProfile
     may not be leaving) and without a summary.
 
     Raises:
-        RuntimeError: on leaving, when the group was destroyed meanwhile or
-            the summary failed (then on every rank).
+        RuntimeError: on entering a profile object that is already open;
+            on leaving, when the group was destroyed meanwhile or the
+            summary failed (then on every rank).
 
     Example::
 
