@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test fuzz setup docs docs-setup horovod clean
+.PHONY: demo test fuzz setup docs docs-setup horovod test-horovod clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,13 @@ horovod: $(STAMP)
 	command -v g++ >/dev/null && command -v cmake >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ cmake)
 	tools/build_horovod.sh $(BIN)/python $(VENV)/horovod-wheels
+
+# The horovod backend's tests, Horovod built first: the world tests on horovod worlds (ranks started by
+# horovodrun --gloo; POLYDIST_TEST_BACKENDS=horovod), tests/backends/test_horovod.py, and ignite's own tests
+# (its serial phase, which runs ignite's horovod tests once Horovod is installed). make test skips them.
+test-horovod: horovod
+	POLYDIST_TEST_BACKENDS=horovod $(BIN)/python -m pytest -p no:cacheprovider -k horovod tests
+	$(BIN)/python -m pytest -p no:cacheprovider "tests/third_party/test_ignite_suite.py::test_ignite_suite_passes_on_polydist[serial]"
 
 # The documentation site (mkdocs.yml, docs/): the docs extra and Debian's chromium + chromedriver for the
 # browser check (tests/docs/test_site.py, which make test also runs, skipping it where they are missing).

@@ -3,8 +3,10 @@
 Starting processes that import torch takes seconds on this machine, so each
 world (size, how) is started once per test session and reused. ``how`` is
 "polydist" (gloo via ``polydist.initialize``), "torch" (gloo via the user's own
-``init_process_group``) or "mpi" (ranks started by ``mpiexec``, joined with
-``polydist.initialize("mpi")``: the mpi4py backend on stock wheels). ``World.run(fn,
+``init_process_group``), "mpi" (ranks started by ``mpiexec``, joined with
+``polydist.initialize("mpi")``: the mpi4py backend on stock wheels) or
+"horovod" (ranks started by ``horovodrun --gloo``, joined with
+``polydist.initialize("horovod")``). ``World.run(fn,
 *args)`` calls ``fn(*args)`` on every rank and returns the per-rank results;
 an exception on any rank fails the test with that rank's traceback. A world
 that does not answer within the timeout is killed (and restarted for the next
@@ -38,8 +40,8 @@ def _serve(rank: int, size: int, init_method: str, how: str, conn) -> None:
     torch.set_num_threads(1)
     import polydist
 
-    if how == "mpi":
-        polydist.initialize("mpi")
+    if how in ("mpi", "horovod"):
+        polydist.initialize(how)
     elif how == "polydist":
         polydist.initialize("gloo", init_method=init_method, rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT_S)
     else:  # the user's own init_process_group, for adoption tests
@@ -64,23 +66,32 @@ class WorldError(AssertionError):
     pass
 
 
-def _serve_mpi(port: int) -> None:
-    """Entry of an mpiexec-started rank: call home to the test process, then serve it."""
-    from mpi4py import MPI
+def _serve_launched(port: int, how: str) -> None:
+    """Entry of a rank started by mpiexec or horovodrun: call home to the test process, then serve it."""
+    if how == "mpi":
+        from mpi4py import MPI
 
+        rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    else:
+        rank, size = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
     # Tensors in answers travel as shared memory handed over by multiprocessing's
     # resource sharer, which authenticates with the process authkey: use the test
     # process's, as spawned children do.
     mp.current_process().authkey = bytes.fromhex(os.environ.pop("POLYDIST_TEST_AUTHKEY"))
-    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     conn = Connection(socket.create_connection(("127.0.0.1", port)).detach())
     conn.send(rank)
-    _serve(rank, size, "mpi://", "mpi", conn)
+    _serve(rank, size, f"{how}://", how, conn)
 
 
 def mpiexec() -> str:
     """The mpiexec beside this Python (the mpich wheel's), or "" when there is none."""
     path = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return path if os.access(path, os.X_OK) else ""
+
+
+def horovodrun() -> str:
+    """The horovodrun beside this Python (``make horovod``), or "" when there is none."""
+    path = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     return path if os.access(path, os.X_OK) else ""
 
 
@@ -90,8 +101,8 @@ class World:
         self._dir = tempfile.mkdtemp(prefix="polydist-world-")
         self.conns, self.procs = [], []
         self.broken = True  # until every rank is ready
-        if how == "mpi":
-            self._start_mpi()
+        if how in ("mpi", "horovod"):
+            self._start_launched()
         else:
             ctx = mp.get_context("spawn")
             for rank in range(size):
@@ -105,8 +116,8 @@ class World:
         self._collect(ANSWER_TIMEOUT_S * 2)  # the "ready" messages
         self.broken = False
 
-    def _start_mpi(self) -> None:
-        """``mpiexec -n size python _world.py PORT``; each rank connects back and says its rank."""
+    def _start_launched(self) -> None:
+        """``mpiexec -n size python _world.py PORT mpi`` (or horovodrun's); each rank connects back and says its rank."""
         server = socket.create_server(("127.0.0.1", 0))
         server.settimeout(ANSWER_TIMEOUT_S * 2)
         here = os.path.dirname(os.path.abspath(__file__))
@@ -118,19 +129,21 @@ class World:
         for name in [k for k in env if k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "SLURM_"))]:
             del env[name]  # a fresh job, not a nested one
         port = str(server.getsockname()[1])
+        n = str(self.size)
+        launcher = [mpiexec(), "-n", n] if self.how == "mpi" else [horovodrun(), "-np", n, "-H", f"localhost:{n}", "--gloo"]
         self.procs.append(
-            subprocess.Popen([mpiexec(), "-n", str(self.size), sys.executable, __file__, port], env=env, start_new_session=True)
+            subprocess.Popen([*launcher, sys.executable, __file__, port, self.how], env=env, start_new_session=True)
         )
         by_rank = {}
         try:
             for _ in range(self.size):
                 conn = Connection(server.accept()[0].detach())
                 if not conn.poll(ANSWER_TIMEOUT_S):
-                    raise WorldError("an mpiexec rank connected but did not say its rank")
+                    raise WorldError(f"a {self.how} rank connected but did not say its rank")
                 by_rank[conn.recv()] = conn
         except (OSError, WorldError) as exc:
             self.close()
-            raise WorldError(f"the {self.size}-rank mpiexec world did not start: {exc}") from None
+            raise WorldError(f"the {self.size}-rank {self.how} world did not start: {exc}") from None
         finally:
             server.close()
         self.conns = [by_rank[r] for r in range(self.size)]
@@ -163,7 +176,7 @@ class World:
             except OSError:
                 pass
         for proc in self.procs:
-            if isinstance(proc, subprocess.Popen):  # mpiexec: end the whole job
+            if isinstance(proc, subprocess.Popen):  # mpiexec or horovodrun: end the whole job
                 try:
                     proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
@@ -194,5 +207,5 @@ class WorldPool:
                 world.close()
 
 
-if __name__ == "__main__":  # a rank of an mpiexec world
-    _serve_mpi(int(sys.argv[1]))
+if __name__ == "__main__":  # a rank of an mpiexec or horovodrun world
+    _serve_launched(int(sys.argv[1]), sys.argv[2])

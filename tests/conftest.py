@@ -5,7 +5,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
-from _world import World, WorldPool, mpiexec
+from _world import World, WorldPool, horovodrun, mpiexec
 
 # The codec fuzz tests' budgets (tests/unit/test_codec_fuzz.py): make test runs "default", make fuzz "long".
 settings.register_profile("default", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -33,16 +33,39 @@ def _mpi_missing() -> str:
     return ""
 
 
-@pytest.fixture(scope="session", params=["gloo", "mpi"])
+def _horovod_missing() -> str:
+    if importlib.util.find_spec("horovod") is None or not horovodrun():
+        return "Horovod is not installed (make horovod)"
+    return ""
+
+
+# The backends the world tests run on: gloo and MPI (the mpi4py backend under mpiexec) in make test;
+# make test-horovod runs them on horovod (ranks started by horovodrun --gloo) with POLYDIST_TEST_BACKENDS=horovod.
+BACKEND_KINDS = os.environ.get("POLYDIST_TEST_BACKENDS", "gloo,mpi").split(",")
+
+
+@pytest.fixture(scope="session", params=BACKEND_KINDS)
 def backend_kind(request) -> str:
-    """Every test that takes a world runs on gloo and on MPI (the mpi4py backend under mpiexec)."""
-    if request.param == "mpi" and _mpi_missing():
-        pytest.skip(_mpi_missing())
+    """The backend of the worlds a test takes (``BACKEND_KINDS``)."""
+    missing = {"mpi": _mpi_missing, "horovod": _horovod_missing}.get(request.param, str)()
+    if missing:
+        pytest.skip(missing)
     return request.param
 
 
+def pytest_collection_modifyitems(config, items):
+    """On horovod worlds, skip the tests marked as needing what Horovod lacks (polydist raises NotImplementedError there)."""
+    for item in items:
+        kind = getattr(item, "callspec", None) and item.callspec.params.get("backend_kind")
+        if kind != "horovod":
+            continue
+        for name, lacking in (("p2p", "point-to-point"), ("subgroups", "subgroups")):
+            if item.get_closest_marker(name):
+                item.add_marker(pytest.mark.skip(reason=f"the horovod backend has no {lacking} (NotImplementedError)"))
+
+
 def _world(pool: WorldPool, size: int, kind: str) -> World:
-    return pool.get(size, "mpi" if kind == "mpi" else "polydist")
+    return pool.get(size, kind if kind in ("mpi", "horovod") else "polydist")
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@
 runs unchanged). README.md describes the API and its semantics.
 """
 
+from .backends import horovod as _horovod_backend
 from .backends import mpi4py as _mpi4py_backend
 from .collectives.broadcast import barrier, broadcast
 from .collectives.gather import all_gather, all_gather_tensors_with_shapes, gather
@@ -29,6 +30,7 @@ from .training import DistributedProxySampler, auto_dataloader, auto_model, auto
 __version__ = "0.1.0"
 
 _mpi4py_backend.register()  # backend "mpi4py" and init method mpi:// (MPI itself starts on first use)
+_horovod_backend.register()  # backend "horovod" and init method horovod://, where Horovod is installed
 
 # Spelled out, by topic, for type checkers and linters (py.typed).
 __all__ = [

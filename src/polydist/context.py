@@ -27,6 +27,7 @@ import torch.distributed as dist
 from . import _torch, join
 from ._state import Layout, World
 from .environment import ProcessInfo, detect
+from .backends.horovod import job as horovod_job
 from .errors import NotInitializedError
 from .join import available_backends, comm_device
 
@@ -64,7 +65,7 @@ has_native_dist_support: bool = dist.is_available()
 has_xla_support: bool = importlib.util.find_spec("torch_xla") is not None
 """True when ``torch_xla`` is installed (ignite's flag; polydist has no XLA backend)."""
 has_hvd_support: bool = importlib.util.find_spec("horovod") is not None
-"""True when ``horovod`` is installed (ignite's flag; polydist has no Horovod backend yet)."""
+"""True when ``horovod`` is installed (ignite's flag): ``initialize("horovod")`` then works under ``horovodrun``."""
 
 
 # ---------------------------------------------------------------- set-up
@@ -87,7 +88,8 @@ def initialize(
     """Join the distributed job, or stay serial when there is none.
 
     Args:
-        backend: "gloo", "nccl", "mpi" or any backend registered with
+        backend: "gloo", "nccl", "mpi", "horovod" (under ``horovodrun``; see
+            the Choosing a backend guide) or any backend registered with
             ``torch.distributed.Backend.register_backend`` (any case). ``None``
             takes ``$POLYDIST_BACKEND`` (set by ``polydist run --backend``), else
             "nccl" when CUDA is visible, else "gloo".
@@ -129,7 +131,8 @@ def initialize(
             from that of an existing group; a bad ``timeout`` or
             ``$POLYDIST_TIMEOUT``; ``world_size``
             > 1 on several nodes with no way to rendezvous (no
-            ``init_method``, no ``MASTER_ADDR``/``MASTER_PORT``).
+            ``init_method``, no ``MASTER_ADDR``/``MASTER_PORT``); backend
+            "horovod" in ranks another launcher than ``horovodrun`` started.
     """
     td = join.as_timedelta(timeout)
     state = world()
@@ -216,6 +219,7 @@ def finalize() -> None:
     state, _world = world(), None  # its groups, sequence numbers and buffers go with it
     if state is not None and state.owns_group:
         dist.destroy_process_group()
+        horovod_job.stop()  # Horovod too, if initialize("horovod") started it
 
 
 # ---------------------------------------------------------------- state
@@ -227,18 +231,25 @@ def world() -> Optional[World]:
     Every collective asks, so the common case is one identity check. A new
     default group (the user's own ``init_process_group``, or a destroy and
     re-init behind polydist's back) gets a fresh state; its layout is guessed
-    without communicating, since adoption may happen on one rank only.
+    without communicating, since adoption may happen on one rank only. With
+    no group but a Horovod the program started (``hvd.init()``), a horovod
+    group is made, without communicating either
+    (:func:`polydist.backends.horovod.job.adopt`); ``finalize`` destroys it
+    and leaves Horovod running.
     """
     global _world
     pg = _torch.default_pg()
     state = _world
     if state is not None and state.pg is pg:
         return state
+    owns = False
     if pg is None:
         _world = None  # the group was destroyed behind our back
-        return None
+        if not horovod_job.adopt():  # or Horovod runs without one: make it (ignite's code calls hvd.init() itself)
+            return None
+        pg, owns = _torch.default_pg(), True
     env = join.layout_from_env(join.launcher())
-    _world = World(pg, owns_group=False, layout=env or join.single_node_guess(), timeout=None, layout_known=env is not None)
+    _world = World(pg, owns_group=owns, layout=env or join.single_node_guess(), timeout=None, layout_known=env is not None)
     _world_made()
     return _world
 
@@ -322,12 +333,16 @@ def set_local_rank(index: int) -> None:
 
 
 def model_name() -> str:
-    """``"native-dist"`` inside a torch.distributed process group (any backend), else ``"serial"``.
+    """``"horovod-dist"`` in a group of the horovod backend, ``"native-dist"`` in any other
+    torch.distributed process group, else ``"serial"``.
 
-    Source: ``ignite.distributed.model_name`` (whose other names, "xla-dist"
-    and "horovod-dist", name backends polydist does not run on).
+    Source: ``ignite.distributed.model_name`` (whose other name, "xla-dist",
+    names a backend polydist does not run on).
     """
-    return "native-dist" if world() is not None else "serial"
+    state = world()
+    if state is None:
+        return "serial"
+    return "horovod-dist" if dist.get_backend(state.pg) == "horovod" else "native-dist"
 
 
 def sync(temporary: bool = False) -> None:
@@ -340,11 +355,12 @@ def sync(temporary: bool = False) -> None:
 
 
 def registered_computation_models() -> list:
-    """The kinds of world polydist runs in, by ignite's names: ``["serial", "native-dist"]``.
+    """The kinds of world polydist runs in, by ignite's names: ``["serial", "native-dist"]``, and
+    ``"horovod-dist"`` where Horovod is installed.
 
     ignite returns its internal model classes; no user code needs those.
     """
-    return ["serial", "native-dist"]
+    return ["serial", "native-dist"] + (["horovod-dist"] if has_hvd_support else [])
 
 
 def get_nproc_per_node() -> int:

@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from . import _torch
 from ._state import World
-from .backends.mpi4py import MPIProcessGroup
+from .backends import horovod as horovod_backend
+from .backends.direct import DirectProcessGroup
 from .context import comm_device, require_group, world
 from .errors import InvalidGroupError
 
@@ -45,9 +46,10 @@ class Resolved:
         size: the number of ranks.
         backend: the group's backend name ("gloo", "nccl", "mpi4py", ...).
         device: where the group's byte buffers live (:func:`polydist.context.comm_device`).
-        direct: the group itself when it is an :class:`MPIProcessGroup`, whose
-            blocking methods can be called without torch.distributed's
-            dispatch (which costs more than a small MPI collective).
+        direct: the group itself when it is a
+            :class:`~polydist.backends.direct.DirectProcessGroup` (mpi4py,
+            horovod), whose blocking methods can be called without
+            torch.distributed's dispatch (which costs more than a small MPI collective).
         seq: collectives called on this group so far (every member counts
             the same calls): debug fingerprints and timeout messages number
             calls with it.
@@ -66,7 +68,7 @@ class Resolved:
         self.size, self.group_rank = len(ranks), ranks.index(rank)
         self.backend = str(dist.get_backend(group))
         self.device: torch.device = comm_device(self.backend)
-        self.direct = group if isinstance(group, MPIProcessGroup) else None
+        self.direct = group if isinstance(group, DirectProcessGroup) else None
         self.seq = 0
         self.predictors: dict = {}
         self.scratch: dict = {}
@@ -139,6 +141,8 @@ def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup",
     Raises:
         TypeError: a rank that is not an int.
         ValueError: a rank outside the world, a repeated rank, an empty list.
+        NotImplementedError: fewer ranks than the world on the horovod
+            backend (on every rank that calls; Horovod has no subgroups).
         NotInitializedError: launched but no process group yet. A serial run
             (no group) gets ``ranks`` back as a list, as from
             ``ignite.distributed.new_group``; collectives take it as ``group=``.
@@ -152,13 +156,26 @@ def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup",
         return list(ranks)  # type: ignore[return-value]  # serial: the list itself, as ignite (group= takes lists)
     key = _check_ranks(ranks, state.size)
     if state.rank not in key:
+        _check_backend_has_subgroups(state, key)  # the members raise it too, in _group_of
         return NON_MEMBER
     return _group_of(state, key, kwargs)
+
+
+def has_subgroups(state: World) -> bool:
+    """Whether the world's backend can make groups of fewer ranks (all but horovod)."""
+    return dist.get_backend(state.pg) != horovod_backend.BACKEND_NAME
+
+
+def _check_backend_has_subgroups(state: World, key: tuple[int, ...]) -> None:
+    """Raise NotImplementedError for a subgroup of a horovod world, on members and non-members alike."""
+    if len(key) < state.size and not has_subgroups(state):
+        raise horovod_backend.no_subgroups(list(key))
 
 
 def _group_of(state: World, key: tuple[int, ...], kwargs: dict) -> "dist.ProcessGroup":
     pg = state.groups.get(key)
     if pg is None:
+        _check_backend_has_subgroups(state, key)
         if kwargs.get("timeout") is None and state.timeout is not None:
             kwargs["timeout"] = state.timeout
         with _torch.groups_named_by_ranks():

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 from .collectives.broadcast import barrier
 from .collectives.gather import all_gather
 from .context import get_local_rank, get_node_rank, get_rank, get_world_size, require_group
+from .groups import has_subgroups
 
 __all__ = ["one_rank_only", "one_rank_first"]
 
@@ -99,8 +100,9 @@ def one_rank_first(rank: int = 0, local: bool = False) -> Iterator[None]:
     ``local=False``: ``rank`` is a global rank; one barrier on the world
     group. ``local=True``: ``rank`` is a local rank — on each node, the
     process with that local rank goes first and only that node's processes
-    wait for it (one barrier per node, on a group of the node's ranks). Node
-    membership is all-gathered, so nodes may run different numbers of
+    wait for it (one barrier per node, on a group of the node's ranks; on
+    the horovod backend, which has no subgroups, one world barrier after
+    every node's first process). Node membership is all-gathered, so nodes may run different numbers of
     processes. Every rank must enter the block.
 
     The first rank reaches the barrier even when its block raises (``try`` /
@@ -128,6 +130,8 @@ def one_rank_first(rank: int = 0, local: bool = False) -> Iterator[None]:
         yield
         return
     group, first = _node_members(rank) if local else (None, rank)
+    if group is not None and not has_subgroups(require_group()):
+        group = None  # horovod: every node's first rank runs the block, then one world barrier lets the rest in
     is_first = get_rank() == first
     if not is_first:
         barrier(group)

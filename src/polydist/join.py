@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from . import _torch, settings
 from ._state import HOST_BYTES, Layout, host_names, host_row
+from .backends import horovod as horovod_backend
 from .backends import mpi4py as mpi4py_backend
 from .backends.mpi4py import job as mpi_job
 from .environment import ProcessInfo, detect
@@ -68,6 +69,11 @@ def resolve_backend(name: Optional[str]) -> str:
     if not isinstance(name, str):
         raise TypeError(f"backend must be a string such as 'gloo' or 'nccl', got {name!r}")
     lowered = name.lower()
+    if lowered == horovod_backend.BACKEND_NAME and not horovod_backend.register():
+        raise ValueError(
+            f"Unknown backend {name!r}: Horovod is not installed (make horovod builds it). "
+            f"Available backends: {', '.join(available_backends())}"
+        )
     known = {b.lower() for b in dist.Backend.backend_list} | {"mpi"}
     if lowered not in known:
         raise ValueError(f"Unknown backend {name!r}. Available backends: {', '.join(available_backends())}")
@@ -167,9 +173,17 @@ def group_kwargs(
         group_kwargs["_collective_timeout"] = td
     if init_method is None and meets_through_mpi(name, info):
         init_method = "mpi://"  # rank and world size come from MPI itself
+    elif init_method is None and name == horovod_backend.BACKEND_NAME:
+        if info.is_distributed and info.launcher != "horovod":  # Horovod would see a world of one here
+            raise ValueError(
+                f"backend 'horovod' needs its ranks started by horovodrun (or polydist.spawn / horovod.run); this "
+                f"process is rank {info.rank} of {info.world_size} started by {info.launcher}, which Horovod cannot "
+                "join: launch with horovodrun -np N python script.py"
+            )
+        init_method = "horovod://"  # rank and world size come from Horovod (horovodrun)
     if init_method is not None:
         group_kwargs["init_method"] = init_method
-    if name == "mpi" or init_method == "mpi://":
+    if name == "mpi" or init_method in ("mpi://", "horovod://"):
         if rank is not None or world_size is not None:
             group_kwargs.update(rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size)
         return group_kwargs

@@ -4,8 +4,10 @@ The same training script runs serially or on N ranks: these helpers adapt a
 model, an optimizer and a data set to the current world. The API is idist's
 (``ignite.distributed.auto``); where polydist behaves differently it says so
 and why. Every backend polydist runs on is a torch.distributed backend, so the
-distributed path is always torch's ``DistributedDataParallel`` and
-``DistributedSampler`` (no Horovod / XLA variants).
+distributed path is torch's ``DistributedDataParallel`` and
+``DistributedSampler``, except on the horovod backend, where ``auto_model``
+and ``auto_optim`` do what idist does there: broadcast the parameters and
+wrap the optimizer in ``hvd.DistributedOptimizer`` (no XLA variant).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from .collectives.broadcast import broadcast
-from .context import device, get_nproc_per_node, get_rank, get_world_size, require_group
+from .backends import horovod as horovod_backend
+from .context import backend, device, get_nproc_per_node, get_rank, get_world_size, require_group
 
 __all__ = ["auto_model", "auto_optim", "auto_dataloader", "DistributedProxySampler"]
 
@@ -72,6 +75,12 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **ddp_kwargs: Any) -> nn
     ``nn.Module``, :class:`polydist.NotInitializedError` when launched on
     several ranks without a process group.
 
+    * On the horovod backend (world size > 1), as idist does there: rank 0's
+      parameters and buffers are broadcast (``hvd.broadcast_parameters``)
+      and the model is returned unwrapped; the optimizer from
+      :func:`auto_optim` (``hvd.DistributedOptimizer``) averages the
+      gradients. ``sync_bn`` and ``ddp_kwargs`` are ignored there.
+
     Source: idist ``auto_model``. Differences: no ``DataParallel`` when serial
     with several GPUs (PyTorch recommends DDP over it, and it would change
     the state_dict keys), user ``device_ids`` are honoured instead of raising
@@ -83,6 +92,9 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **ddp_kwargs: Any) -> nn
     dev = device()
     model.to(dev)
     if not _distributed() or isinstance(model, DistributedDataParallel):
+        return model
+    if _on_horovod():
+        horovod_backend.hvd().broadcast_parameters(model.state_dict(), root_rank=0)
         return model
     if sync_bn:
         if _sync_bn_supported(dev):
@@ -99,8 +111,12 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **ddp_kwargs: Any) -> nn
     return DistributedDataParallel(model, **ddp_kwargs)
 
 
+def _on_horovod() -> bool:
+    return backend() == horovod_backend.BACKEND_NAME
+
+
 def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **kwargs: Any) -> torch.optim.Optimizer:
-    """Adapt ``optimizer`` to the current world; returns the same object, never a wrapper.
+    """Adapt ``optimizer`` to the current world; returns the same object (on horovod: Horovod's wrapper).
 
     Gradient averaging is DDP's job (see :func:`auto_model`), so the optimizer
     itself needs no wrapper: ``step()`` applies the already averaged gradients.
@@ -113,9 +129,12 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
     must call ``auto_optim`` (a fresh optimizer's state is small: just its
     hyperparameters). Serial: returned untouched.
 
-    ``kwargs`` exist for idist compatibility (idist passes them to Horovod's
-    ``DistributedOptimizer``); they have no meaning here and are ignored with
-    a ``UserWarning`` naming them.
+    On the horovod backend (world size > 1) the optimizer is wrapped in
+    ``hvd.DistributedOptimizer(optimizer, **kwargs)``, as idist does there
+    (``kwargs``: Horovod's, e.g. ``named_parameters``, ``compression``,
+    ``backward_passes_per_step``), and that wrapper is returned; its
+    ``step()`` averages the gradients over Horovod. Elsewhere ``kwargs`` have
+    no meaning and are ignored with a ``UserWarning`` naming them.
 
     Raises ``TypeError`` when ``optimizer`` is not a ``torch.optim.Optimizer``,
     or (on every rank) when its state holds a value polydist's safe codec
@@ -123,11 +142,14 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
 
     Source: idist ``auto_optim``, which returns the optimizer unchanged for
     native backends; the state broadcast is what idist does only for Horovod
-    (``broadcast_optimizer_state``), applied here to every backend.
+    (``broadcast_optimizer_state``), applied here to every backend, and on
+    Horovod too through polydist's safe codec: Horovod's
+    ``broadcast_optimizer_state`` unpickles rank 0's scalars on every rank.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"auto_optim expects a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if kwargs:
+    horovod = _distributed() and _on_horovod()
+    if kwargs and not horovod:
         warnings.warn(
             f"auto_optim ignores {sorted(kwargs)}: they are Horovod DistributedOptimizer options in idist; "
             "with torch.distributed backends DDP averages the gradients",
@@ -138,6 +160,11 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
         state = broadcast(optimizer.state_dict() if rank == 0 else None, src=0, safe_mode=True)
         if rank != 0:
             optimizer.load_state_dict(state)
+    if horovod:
+        # Horovod's wrapper is a new optimizer over the same parameter groups, with empty state: it takes the state over.
+        wrapped = horovod_backend.hvd().DistributedOptimizer(optimizer, **kwargs)
+        wrapped.load_state_dict(optimizer.state_dict())
+        return wrapped
     return optimizer
 
 

@@ -146,6 +146,7 @@ def _subgroup_roots():
     return out
 
 
+@pytest.mark.subgroups
 def test_roots_outside_subgroup(world4):
     for r, out in enumerate(world4.run(_subgroup_roots)):
         group = "[0, 2]" if r in (0, 2) else "[1, 3]"
@@ -347,6 +348,7 @@ def _debug_subgroup_mismatch():
         debug.reset()
 
 
+@pytest.mark.subgroups
 def test_debug_mismatch_in_a_subgroup_names_global_ranks(world4):
     results = world4.run(_debug_subgroup_mismatch)
     for r in (0, 2):
@@ -405,6 +407,7 @@ def _debug_p2p_calls():
         debug.reset()
 
 
+@pytest.mark.p2p
 def test_debug_p2p_receiver_mismatch(world2):
     sender, receiver = world2.run(_debug_p2p)
     assert sender is None  # the sender does not raise
@@ -419,6 +422,7 @@ def test_debug_p2p_receiver_mismatch(world2):
     assert ok == [0.0, 1.0] and value == {"v": 1}  # the pair is still in step
 
 
+@pytest.mark.p2p
 def test_debug_p2p_calls_name_both_ranks(world2):
     after, calls = world2.run(_debug_p2p_calls)
     assert after == "after"
@@ -467,6 +471,7 @@ def _debug_matching_calls():
         debug.reset()
 
 
+@pytest.mark.subgroups
 def test_debug_mode_matching_calls_give_correct_results(world3):
     for r, out in enumerate(world3.run(_debug_matching_calls)):
         assert out["all_reduce"] == [6.0]
@@ -532,6 +537,7 @@ def _pickle_process_wide():
     return out
 
 
+@pytest.mark.p2p
 def test_pickle_process_wide_opt_in(world2):
     for r, out in enumerate(world2.run(_pickle_process_wide)):
         for name in ("all_gather_refused", "broadcast_refused", "refused_again"):
@@ -563,6 +569,7 @@ def _pickle_per_call():
     return out
 
 
+@pytest.mark.p2p
 def test_pickle_per_call_opt_in(world2):
     for r, out in enumerate(world2.run(_pickle_per_call)):
         assert out["all_gather"] == [Point(0, 1), Point(1, 1)]

@@ -92,7 +92,9 @@ def _hostile_all_reduce_number(kind):
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 @pytest.mark.parametrize(
-    "scenario", [_hostile_all_gather, _hostile_broadcast, _hostile_send, _hostile_all_reduce_number], ids=lambda f: f.__name__[9:]
+    "scenario",
+    [_hostile_all_gather, _hostile_broadcast, pytest.param(_hostile_send, marks=pytest.mark.p2p), _hostile_all_reduce_number],
+    ids=lambda f: f.__name__[9:],
 )
 def test_receiver_names_the_hostile_rank_and_the_group_survives(world2, scenario, kind):
     (error, after), (_, after_hostile) = world2.run(scenario, kind)
@@ -113,6 +115,7 @@ def _tensor_header_lies():
     return _error_of(lambda: pd.recv(None, src=1)), _usable()
 
 
+@pytest.mark.p2p
 def test_tensor_header_beyond_memory_is_refused(world2):
     (error, after), (_, after_hostile) = world2.run(_tensor_header_lies)
     assert error is not None and error[0] == "ValueError" and "rank 1" in error[1], error

@@ -13,7 +13,7 @@ import torch
 import polydist as pd
 from polydist import context
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.p2p]
 
 SMALL = {"text": "héllo wörld ✓", "n": 2**100, "t": (1, 2.5)}
 BIG = {"text": "日本語テキスト" * 200, "blob": bytes(range(256)) * 12, "t": torch.arange(100, dtype=torch.float64)}

@@ -97,7 +97,7 @@ def test_queries_in_world(world3):
         # layout comes from the host-name exchange at initialize().
         assert (r, ws, lr, nproc, nnodes, node) == (rank, 3, rank, 3, 1, 0)
         assert main == (rank == 0) and device == "cpu"
-        assert backend == ("mpi4py" if world3.how == "mpi" else "gloo")  # "mpi" on a stock wheel is mpi4py
+        assert backend == {"mpi": "mpi4py", "horovod": "horovod"}.get(world3.how, "gloo")  # "mpi" on a stock wheel is mpi4py
         assert host == results[0][-1]
 
 
@@ -162,7 +162,7 @@ def test_multinode_gloo_warns_when_the_host_name_is_loopback(monkeypatch):
 
 
 def test_ignite_names_serially():
-    assert pd.model_name() == "serial" and pd.registered_computation_models() == ["serial", "native-dist"]
+    assert pd.model_name() == "serial" and pd.registered_computation_models() == ["serial", "native-dist"] + (["horovod-dist"] if pd.has_hvd_support else [])
     assert pd.has_native_dist_support is True and pd.has_xla_support is False
     assert isinstance(pd.has_hvd_support, bool)
     t = torch.arange(6.0).view(2, 3)
@@ -185,6 +185,7 @@ def _ignite_names_in_group():
     return pd.model_name(), [t.tolist() for t in got], [t.shape[0] for t in sub]
 
 
+@pytest.mark.subgroups
 def test_ignite_names_in_a_group(world3):
     for rank, (name, got, sub) in enumerate(world3.run(_ignite_names_in_group)):
         assert name == "native-dist"

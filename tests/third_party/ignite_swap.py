@@ -10,7 +10,10 @@ of them is imported, only their imports of ``ignite.distributed``:
   internals, such as ``_model`` or ``_set_model``) still from ignite.
 
 Everything else, ignite's ``Engine`` and metrics included, stays ignite's.
-With ``IGNITE_SWAP=0`` in the environment nothing is rewritten: ignite's own
+A shipped file run as a script (``check_idist_parallel.py``, started by
+torchrun or horovodrun in a process of its own, where ``ignite_site``'s
+``sitecustomize`` imports this module) gets polydist's public names as its
+``ignite.distributed``. With ``IGNITE_SWAP=0`` in the environment nothing is rewritten: ignite's own
 run of the same files, for the side-by-side count.
 """
 
@@ -21,6 +24,7 @@ import importlib.util
 import os
 import re
 import sys
+import types
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ignite")
 _FROM = re.compile(r"^(?P<indent>\s*)from ignite\.distributed(?P<sub>\.(?:auto|utils|launcher))? import (?P<names>[^()\n]+)$")
@@ -75,5 +79,29 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
+class _PolydistAsIdist(importlib.abc.Loader):
+    def create_module(self, spec):
+        import polydist
+
+        module = types.ModuleType(spec.name, polydist.__doc__)
+        module.__dict__.update({name: getattr(polydist, name) for name in dir(polydist) if not name.startswith("__")})
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+class _ScriptFinder(importlib.abc.MetaPathFinder):
+    """``ignite.distributed`` is polydist's public API in a process whose main script is a shipped file."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "ignite.distributed":
+            return None
+        main = getattr(sys.modules.get("__main__"), "__file__", None) or ""
+        if not os.path.abspath(main).startswith(HERE + os.sep):
+            return None
+        return importlib.util.spec_from_loader(fullname, _PolydistAsIdist())
+
+
 if os.environ.get("IGNITE_SWAP", "1") != "0":  # IGNITE_SWAP=0: ignite's own run of the same files, for comparison
-    sys.meta_path.insert(0, _Finder())
+    sys.meta_path[:0] = [_Finder(), _ScriptFinder()]

@@ -49,6 +49,7 @@ def _calls():
     return [as_dict(r) for r in records if r[recorder.ID] >= first], lines, pending
 
 
+@pytest.mark.p2p
 def test_each_call_is_recorded_with_its_caller_and_arguments(world2):
     for rank, (entries, lines, pending) in enumerate(world2.run(_calls)):
         names = [e["collective"] for e in entries]
@@ -83,6 +84,7 @@ def _off():
     return during - before, RECORDER.count - during
 
 
+@pytest.mark.p2p
 def test_set_trace_off_records_nothing(world2):
     assert world2.run(_off) == [(0, 1), (0, 1)]
 

@@ -12,6 +12,7 @@ import os
 from typing import Any, Callable, Optional
 
 from .. import context, join, settings
+from .horovod import spawn_horovod
 from .trace_dir import job_trace_dir
 from .elastic import _check_positive, check_node_rank, die_with_parent, launch, worker_errors, worker_setup
 
@@ -89,11 +90,18 @@ def spawn(
             "nccl" without CUDA), bad sizes, or multi-node without master
             address/port — all before any process starts.
 
+    With backend "horovod" the processes are Horovod's: ``horovod.run``
+    starts them on this host (as idist does; ``nnodes`` > 1 raises
+    ``ValueError``, use ``horovodrun -H``), and a failure raises
+    :class:`~polydist.WorkerFailedError` without per-rank details.
+
     Source: idist ``spawn``, on ``torch.distributed.launcher`` instead of
     ``torch.multiprocessing.spawn``.
     """
-    join.resolve_backend(backend)  # an unknown or unavailable backend fails here, before any process starts
+    resolved = join.resolve_backend(backend)  # an unknown or unavailable backend fails here, before any process starts
     init = {"init_method": init_method, "timeout": timeout}
+    if resolved == "horovod":
+        return spawn_horovod(fn, args, dict(kwargs_dict or {}), nproc_per_node, nnodes, init)
     with job_trace_dir(settings.TRACE_DIR.read(), "polydist.spawn") as trace_dir:
         results = launch(
             _spawned,

@@ -2,7 +2,7 @@
 
 MPI datatypes and ops for torch dtypes and reduce ops, and tensors as MPI
 buffers by address (the work handles live in
-:mod:`~polydist.backends.mpi4py.work`). ``mpi4py.MPI`` is
+:mod:`~polydist.backends.work`). ``mpi4py.MPI`` is
 imported on the first call of :func:`mpi` only, because importing it
 initializes MPI.
 """
@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ...ops import check_op_dtype, resolve_op
-from .work import stop_threads
+from ..work import stop_threads
 
 BACKEND_NAME = "mpi4py"
 
@@ -142,33 +142,6 @@ def reduce_setup(t: torch.Tensor, op: Any) -> tuple[str, Any, Optional[torch.dty
     if t.dtype not in REDUCE_TYPES:
         raise TypeError(f"the {BACKEND_NAME} backend cannot reduce dtype {t.dtype}")
     return name, _OPS[name], None
-
-
-def opt(opts: Any, name: str, default: Any) -> Any:
-    return default if opts is None else getattr(opts, name, default)
-
-
-def unflatten(flat: torch.Tensor, outs: list, by_bytes: bool = False) -> None:
-    """Copy consecutive pieces of ``flat`` into ``outs`` (a byte view when ``by_bytes``)."""
-    offset = 0
-    for o in outs:
-        n = o.nbytes if by_bytes else o.numel()
-        piece = flat[offset : offset + n]
-        o.copy_(piece.view(o.dtype).view(o.shape) if by_bytes else piece.view(o.shape))
-        offset += n
-
-
-def byte_counts(t: torch.Tensor, splits: Sequence[int], size: int, what: str) -> list[int]:
-    """Per-rank byte counts of ``t`` split along dim 0 by ``splits`` (equal when empty)."""
-    rows = t.shape[0] if t.dim() else 1
-    row_bytes = t.nbytes // rows if rows else 0
-    if not splits:
-        if rows % size:
-            raise ValueError(f"all_to_all_single: {what} dim 0 ({rows}) is not divisible by the group size {size}")
-        splits = [rows // size] * size
-    if len(splits) != size or sum(splits) != rows:
-        raise ValueError(f"all_to_all_single: {what} split sizes {list(splits)} do not split dim 0 ({rows}) into {size}")
-    return [s * row_bytes for s in splits]
 
 
 def address(t: torch.Tensor) -> Any:

@@ -10,35 +10,19 @@ one rank into ``MPI_Abort`` of the whole job instead of a hang.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 import traceback
 from datetime import timedelta
 from typing import Any, Iterator
-from urllib.parse import parse_qsl, urlparse
 
 import numpy as np
-import torch.distributed as dist
 
-from ..._state import HOST_BYTES, host_names, host_row
-from ..._torch import loopback_store_server
 from ...settings import FAILURE_DIR
+from ..store import check_requested, serve_store
 from . import _mpi
 
 __all__ = ["rendezvous", "install_abort_hook", "fail", "record_failure", "abort"]
-
-
-def _rendezvous_address(comm: Any) -> str:
-    """Where rank 0's store listens: loopback when the job is on one host, else rank 0's host name.
-
-    Host names travel as fixed-size byte buffers, not through mpi4py's
-    pickle-based lowercase calls: nothing another rank sends is unpickled.
-    """
-    every = np.empty((comm.Get_size(), HOST_BYTES), dtype=np.uint8)
-    comm.Allgather(host_row(socket.gethostname()), every)
-    hosts = host_names(every)
-    return "127.0.0.1" if len(set(hosts)) == 1 else socket.getfqdn(hosts[0])
 
 
 def rendezvous(url: str, timeout: timedelta = timedelta(minutes=10), **kwargs: Any) -> Iterator[tuple]:
@@ -49,26 +33,19 @@ def rendezvous(url: str, timeout: timedelta = timedelta(minutes=10), **kwargs: A
     """
     comm = _mpi.mpi().COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    asked = dict(parse_qsl(urlparse(url).query))  # torch adds the rank/world_size it was given
-    for key, mine in (("rank", rank), ("world_size", size)):
-        if key in asked and int(asked[key]) not in (-1, mine):
-            raise ValueError(
-                f"mpi:// rendezvous: {key}={asked[key]} was requested but MPI's COMM_WORLD has {key}={mine}; "
-                "under mpiexec leave rank and world_size to MPI"
-            )
-    host = _rendezvous_address(comm)
-    store = None
-    if rank == 0 and host == "127.0.0.1":  # one host: listen on loopback only
-        store = loopback_store_server(size, timeout)
-    elif rank == 0:
-        store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout, wait_for_workers=False)
-    announced = np.array([store.port if store is not None else 0], dtype=np.int64)
-    comm.Bcast(announced, root=0)  # a plain integer buffer, not a pickle
-    port = int(announced[0])
-    if not 0 < port < 65536:
-        raise ValueError(f"mpi:// rendezvous: rank 0 announced an invalid store port {port}")
-    if store is None:
-        store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)
+    check_requested(url, rank, size, "mpi", "COMM_WORLD", "mpiexec")
+
+    def all_gather_rows(row: np.ndarray) -> np.ndarray:
+        every = np.empty((size, row.size), dtype=np.uint8)
+        comm.Allgather(row, every)
+        return every
+
+    def broadcast_port(port: int) -> int:
+        announced = np.array([port], dtype=np.int64)
+        comm.Bcast(announced, root=0)  # a plain integer buffer, not a pickle
+        return int(announced[0])
+
+    store = serve_store(rank, size, timeout, all_gather_rows, broadcast_port, "mpi")
     yield (store, rank, size)
     raise RuntimeError("the mpi:// rendezvous cannot be repeated (e.g. to restart a job); start a new mpiexec")
 

@@ -16,7 +16,7 @@ How operations map onto MPI:
 * Collectives are MPI's blocking collectives on the group's own communicator
   (a ``Dup`` of ``COMM_WORLD`` for the world, ``Create_group`` for a
   subgroup), run in call order on the communicator's worker thread
-  (:class:`~polydist.backends.mpi4py.work.Lane`, PyTorch's ``ProcessGroupMPI``
+  (:class:`~polydist.backends.work.Lane`, PyTorch's ``ProcessGroupMPI``
   design): ``async_op=True`` returns pending work at once, its future
   completes without ``wait()``, and DDP overlaps gradient all-reduces with
   the backward pass. A blocking call that finds nothing queued runs inline.
@@ -49,12 +49,14 @@ import torch
 import torch.distributed as dist
 
 from . import _mpi
-from .work import Lane, StatusRequest, Work, profiling, request_work
+from ..python_group import PythonProcessGroup, opt
+from ..tensors import byte_counts, unflatten
+from ..work import StatusRequest, Work, profiling, request_work
 
 __all__ = ["MPIProcessGroup"]
 
 
-class MPIProcessGroup(dist.ProcessGroup):
+class MPIProcessGroup(PythonProcessGroup):
     """A ``torch.distributed`` process group over an MPI communicator.
 
     Created by torch.distributed (``init_process_group("mpi4py")`` or, on
@@ -71,31 +73,11 @@ class MPIProcessGroup(dist.ProcessGroup):
     """
 
     def __init__(self, comm: Any, rank: int, size: int, backend: str = _mpi.BACKEND_NAME) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size, backend)
         self.comm = comm
-        self._backend = backend
-        self._lane = Lane(backend)
-        self._group_name = ""
-
-    def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
-        return self._backend
-
-    # torch names each group (destroy_process_group unregisters it by name); the C++
-    # ProcessGroup keeps the name on its backend objects, which a Python group has none of.
-    def _set_group_name(self, name: str) -> None:
-        self._group_name = name
-
-    @property
-    def group_name(self) -> str:
-        if not self._group_name:
-            raise RuntimeError("ProcessGroup name not set")
-        return self._group_name
 
     def __repr__(self) -> str:
         return f"<MPIProcessGroup {self._backend} rank={self.rank()} size={self.size()}>"
-
-    def _run(self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor]) -> Work:
-        return self._lane.run(body, result, not _mpi.opt(opts, "asyncOp", True), op, inputs)
 
     # ------------------------------------------------------------ reductions
 
@@ -136,10 +118,10 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self._run("all_reduce", body, tensors, opts, tensors)
 
     def allreduce(self, tensors: list, opts: Any = None) -> Work:
-        return self._allreduce(tensors, _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM), opts)
+        return self._allreduce(tensors, opt(opts, "reduceOp", dist.ReduceOp.SUM), opts)
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Work:
-        op = _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
         setups = {t.dtype: _mpi.reduce_setup(t, op) for t in tensors}  # the op x dtype check, once per dtype
         for t in tensors:
             _mpi.check_cpu(t)
@@ -158,8 +140,8 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self._run("allreduce_coalesced", body, tensors, opts, tensors)
 
     def reduce(self, tensors: list, opts: Any = None) -> Work:
-        root = _mpi.opt(opts, "rootRank", 0)
-        op = _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        root = opt(opts, "rootRank", 0)
+        op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
         me = self.comm.Get_rank()
         setups = [_mpi.reduce_setup(t, op) for t in tensors]
         for t in tensors:
@@ -181,7 +163,7 @@ class MPIProcessGroup(dist.ProcessGroup):
         return self._run("reduce", body, tensors, opts, tensors)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
-        op = _mpi.opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
         size = self.comm.Get_size()
         if input.numel() != output.numel() * size:
             raise ValueError(
@@ -209,29 +191,10 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Work:
-        works = [self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts) for out, ins in zip(outputs, input_lists)]
-        return works[-1] if len(works) == 1 else self._after(works, outputs, opts)
-
-    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
-        works = [self.reduce_scatter_single(out, inp, opts) for out, inp in zip(outputs, inputs)]
-        return self._after(works, outputs, opts)
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-
-    def _after(self, works: list, result: Any, opts: Any) -> Work:
-        """One Work for several queued on this lane: done when the last is (the lane keeps order)."""
-
-        def body() -> None:
-            for w in works:
-                w.wait()  # already done: the lane ran them first; re-raises their errors
-
-        return self._run("coalesced", body, result, opts, ())
-
     # ------------------------------------------------------------ data movement
 
     def broadcast(self, tensors: list, opts: Any = None) -> Work:
-        root = _mpi.opt(opts, "rootRank", 0)
+        root = opt(opts, "rootRank", 0)
         me = self.comm.Get_rank()
         for t in tensors:
             _mpi.check_cpu(t)
@@ -269,7 +232,7 @@ class MPIProcessGroup(dist.ProcessGroup):
                 flat = torch.empty(inp.numel() * size, dtype=inp.dtype)
                 with _mpi.Contiguous(inp, write_back=False) as src:
                     self.comm.Allgather(_mpi.raw(src), _mpi.raw(flat))
-                _mpi.unflatten(flat, outs)
+                unflatten(flat, outs)
 
         return self._run("all_gather", body, output_lists, opts, inputs)
 
@@ -293,18 +256,12 @@ class MPIProcessGroup(dist.ProcessGroup):
             flat = torch.empty(src.numel() * size, dtype=torch.uint8)
             self.comm.Allgather(_mpi.raw(src), _mpi.raw(flat))
             for r, outs in enumerate(output_lists):
-                _mpi.unflatten(flat[r * src.numel() : (r + 1) * src.numel()], outs, by_bytes=True)
+                unflatten(flat[r * src.numel() : (r + 1) * src.numel()], outs, by_bytes=True)
 
         return self._run("all_gather_coalesced", body, output_lists, opts, inputs)
 
-    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
-        works = [self.all_gather_single(out, inp, opts) for out, inp in zip(outputs, inputs)]
-        return self._after(works, outputs, opts)
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-
     def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
-        root = _mpi.opt(opts, "rootRank", 0)
+        root = opt(opts, "rootRank", 0)
         me, size = self.comm.Get_rank(), self.comm.Get_size()
         _mpi.check_cpu(inputs[0])
         if me == root:
@@ -315,14 +272,14 @@ class MPIProcessGroup(dist.ProcessGroup):
                 if me == root:
                     flat = torch.empty(src.numel() * size, dtype=src.dtype)
                     self.comm.Gather(_mpi.raw(src), _mpi.raw(flat), root)
-                    _mpi.unflatten(flat, output_lists[0])
+                    unflatten(flat, output_lists[0])
                 else:
                     self.comm.Gather(_mpi.raw(src), None, root)
 
         return self._run("gather", body, output_lists, opts, inputs)
 
     def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Work:
-        root = _mpi.opt(opts, "rootRank", 0)
+        root = opt(opts, "rootRank", 0)
         me = self.comm.Get_rank()
         _mpi.check_cpu(outputs[0])
         if me == root:
@@ -357,8 +314,8 @@ class MPIProcessGroup(dist.ProcessGroup):
                 )
             send = recv = None
         else:
-            send = _mpi.byte_counts(input, input_split_sizes, size, "input")
-            recv = _mpi.byte_counts(output, output_split_sizes, size, "output")
+            send = byte_counts(input, input_split_sizes, size, "input")
+            recv = byte_counts(output, output_split_sizes, size, "output")
 
         def body() -> None:
             with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
@@ -381,7 +338,7 @@ class MPIProcessGroup(dist.ProcessGroup):
             src = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in inputs])
             dst = torch.empty(sum(recv), dtype=torch.uint8)
             self.comm.Alltoallv(_mpi.counted(src, send), _mpi.counted(dst, recv))
-            _mpi.unflatten(dst, outputs, by_bytes=True)
+            unflatten(dst, outputs, by_bytes=True)
 
         return self._run("all_to_all", body, outputs, opts, inputs)
 
@@ -390,18 +347,10 @@ class MPIProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------ polydist's piece exchanges (blocking, direct)
 
-    # polydist's any-shape collectives (polydist.collectives.exchange) call these instead of
-    # torch.distributed's: sizes differ per rank, which MPI's v-collectives take as they are
-    # (no padding), and a small call costs about as much as torch's dispatch into a Python
-    # group. Each is two MPI calls, in call order with the lane's queued work: the fixed-size
-    # headers, then the bodies at the sizes ``plan(headers)`` gives — ``(p, out)``: an object
-    # with ``lengths`` (bytes per group rank), ``offsets``, ``total`` and ``even``, the same on
-    # every rank that received the same headers (or an exception, raised by all of them alike
-    # before the second call), and the contiguous CPU tensor of ``total`` bytes, of any dtype
-    # and shape, that the bodies land in. A plan that is ``even`` (every body the same length, every sender
-    # agreeing: the same on all ranks) takes the fixed-size collective, which mpich runs
-    # faster than the v-one at large sizes. Sent bodies: contiguous CPU tensors. ``root``: a
-    # group rank.
+    # polydist's any-shape collectives call these (DirectProcessGroup) instead of torch.distributed's:
+    # MPI's v-collectives take sizes that differ per rank as they are. A plan that is ``even`` (every
+    # body the same length, every sender agreeing: the same on all ranks) takes the fixed-size
+    # collective, which mpich runs faster than the v-one at large sizes.
 
     def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
         """Every rank's header and body; returns ``(plan, bodies)``."""

@@ -1,4 +1,4 @@
-"""Work handles of the mpi4py backend and the threads that complete them (internal).
+"""Work handles of polydist's Python backends (mpi4py, horovod) and the threads that complete them (internal).
 
 Collectives of one communicator run in call order on that communicator's
 :class:`Lane`, a worker thread, as in PyTorch's own ``ProcessGroupMPI``: a
@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.futures import Future
 
-from ..._torch import WorkBase
+from .._torch import WorkBase
 
 __all__ = ["Lane", "Work", "StatusRequest", "profiling"]
 

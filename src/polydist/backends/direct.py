@@ -1,0 +1,60 @@
+"""The calls polydist's collectives make on its own Python process groups, past torch.distributed's dispatch.
+
+A :class:`DirectProcessGroup` (the mpi4py and horovod groups) is a
+``torch.distributed.ProcessGroup`` that also offers polydist's collectives
+(:mod:`polydist.collectives.reduce`, :mod:`polydist.collectives.exchange`)
+blocking calls of their own: a small call then costs about as much as the
+transport itself, not torch's dispatch into a Python group, and the any-shape
+collectives move pieces of different sizes as they are, without padding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DirectProcessGroup"]
+
+
+class DirectProcessGroup(dist.ProcessGroup):
+    """A ProcessGroup with polydist's direct calls (an interface; the subclasses implement it).
+
+    The piece exchanges are each two steps, in call order with the group's
+    queued work: the fixed-size headers, then the bodies at the sizes
+    ``plan(headers)`` gives — ``(p, out)``: an object with ``lengths`` (bytes
+    per group rank), ``offsets``, ``total`` and ``even``, the same on every
+    rank that received the same headers (or an exception, raised by all of
+    them alike before the second step), and the contiguous CPU tensor of
+    ``total`` bytes, of any dtype and shape, that the bodies land in back to
+    back. Sent bodies: contiguous CPU tensors. ``root``: a group rank.
+    """
+
+    def allreduce_tensor(self, t: torch.Tensor, op: Any = "SUM") -> torch.Tensor:
+        """Reduce ``t`` in place on every rank and return it (blocking); ``op`` a canonical name or ``ReduceOp``."""
+        raise NotImplementedError
+
+    def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
+        """Every rank's header and body; returns ``(plan, bodies)``."""
+        raise NotImplementedError
+
+    def gather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any], root: int) -> Any:
+        """On ``root``: ``(plan, bodies)`` of every rank's piece; elsewhere None."""
+        raise NotImplementedError
+
+    def scatter_pieces(
+        self, headers: Optional[bytes], bodies: Optional[torch.Tensor], lengths: Sequence[int], root: int,
+        size: int, length_of: Callable[[bytes], Any],
+    ) -> tuple[bytes, torch.Tensor]:  # fmt: skip
+        """This rank's ``size``-byte header and its body, out of root's ``headers`` and ``bodies`` (``lengths``
+        bytes per rank, back to back; read on root only); ``length_of(header)`` is ``(the body's length,
+        whether root's bodies are even)``."""
+        raise NotImplementedError
+
+    def all_to_all_pieces(
+        self, headers: bytes, bodies: torch.Tensor, lengths: Sequence[int], plan: Callable[[bytes], Any]
+    ) -> tuple[Any, torch.Tensor]:
+        """Header ``i`` and body ``i`` (``lengths[i]`` bytes, back to back in ``bodies``) go to group rank ``i``;
+        returns ``(plan, bodies)`` of what came in."""
+        raise NotImplementedError

@@ -1,0 +1,72 @@
+"""The ``horovod`` backend: Horovod (``horovod.torch``) as a torch.distributed backend.
+
+:mod:`~polydist.backends.horovod.process_group` is the ProcessGroup,
+:mod:`~polydist.backends.horovod.job` the ``horovod://`` rendezvous. This
+module registers both with torch.distributed (:func:`register`, called when
+polydist is imported, without importing Horovod) when Horovod is installed;
+``make horovod`` builds it (see the "Choosing a backend" guide).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch.distributed as dist
+
+from . import job
+from .process_group import BACKEND_NAME, HorovodProcessGroup, hvd
+
+__all__ = ["BACKEND_NAME", "HorovodProcessGroup", "available", "hvd", "no_subgroups", "register"]
+
+
+def available() -> bool:
+    """Whether Horovod's PyTorch binding is installed (not imported: that loads its C++ library)."""
+    try:
+        return importlib.util.find_spec("horovod.torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _create(opts: Any, backend_options: Any = None) -> HorovodProcessGroup:
+    """torch.distributed's creator hook: the group over Horovod's global process set.
+
+    Raises:
+        NotImplementedError: a subgroup (Horovod's process sets cannot be added by its members alone).
+        RuntimeError: torch's rank or size differs from Horovod's.
+    """
+    h = job.start()
+    ranks = list(opts.global_ranks_in_group or [])
+    if ranks and ranks != list(range(h.size())):
+        raise no_subgroups(ranks)
+    if h.rank() != opts.group_rank or h.size() != opts.group_size:
+        raise RuntimeError(
+            f"{BACKEND_NAME}: torch.distributed expects rank {opts.group_rank} of {opts.group_size}, Horovod has "
+            f"{h.rank()} of {h.size()}; launch with horovodrun and init_method='horovod://'"
+        )
+    return HorovodProcessGroup(h.rank(), h.size())
+
+
+def no_subgroups(ranks: list) -> NotImplementedError:
+    """The error for a group of ``ranks`` (fewer than the world) on the horovod backend."""
+    return NotImplementedError(
+        f"group {ranks}: the {BACKEND_NAME} backend has no subgroups (a Horovod process set must be added by every "
+        "rank of the job, torch creates a group on its members only); use the world group, or the gloo or mpi backend"
+    )
+
+
+_registered = False
+
+
+def register() -> bool:
+    """Register backend ``"horovod"`` and the ``horovod://`` init method; False when Horovod is not installed."""
+    global _registered
+    if _registered:
+        return True
+    if not available() or not dist.is_available():
+        return False
+    if BACKEND_NAME not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+    dist.register_rendezvous_handler("horovod", job.rendezvous)
+    _registered = True
+    return True

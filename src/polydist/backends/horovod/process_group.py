@@ -1,0 +1,468 @@
+"""The ``horovod`` backend's ProcessGroup: torch.distributed over ``horovod.torch``.
+
+:class:`HorovodProcessGroup` is a ``torch.distributed.ProcessGroup`` written
+in Python whose operations are Horovod's (ring all-reduce and friends over
+Horovod's Gloo transport), so polydist's collectives, the plain
+``torch.distributed`` API and DistributedDataParallel run on Horovod. It is
+the world group of a job launched by ``horovodrun`` (or ``horovod.run``);
+Horovod's own API (``hvd.DistributedOptimizer``, ``hvd.broadcast_parameters``)
+works beside it, on the same ranks.
+
+How torch.distributed's operations map onto Horovod's (``horovod.torch``
+0.28):
+
+* **all_reduce**: ``hvd.allreduce_`` for SUM, AVG, MIN, MAX, PRODUCT on the
+  dtypes Horovod reduces (int32, int64, float16, float32, float64);
+  bfloat16 is reduced in float32 and rounded once, complex SUM/AVG as its real
+  view. Everything else — AND/OR/XOR, and bool/uint8/int8/int16 tensors,
+  which Horovod cannot reduce — is an ``hvd.allgather`` of every rank's bytes
+  and the same reduction in rank order on every rank (exact; traffic grows
+  with the world size, as the data is gathered instead of reduced in a ring).
+* **reduce** (Horovod has none): the all-reduce of a copy, kept on the root;
+  the other ranks' inputs are untouched, as torch's ``reduce`` leaves them.
+* **reduce_scatter**: ``hvd.reducescatter`` for SUM/AVG on Horovod's
+  dtypes, else the all-reduce of a copy and this rank's chunk.
+* **broadcast, all_gather, all_to_all**: Horovod's, on a byte view of the
+  tensors, so every dtype travels.
+* **gather** (Horovod has none): an all-gather kept on the root.
+* **scatter** (Horovod has none): an all-to-all in which only the root sends.
+* **barrier**: ``hvd.barrier``.
+* **send/recv** raise ``NotImplementedError``: a Horovod operation needs
+  every rank of its process set, and torch's point-to-point involves two;
+  nothing Horovod offers can carry it without the other ranks' cooperation.
+* **Subgroups** are not available either (``new_group`` of fewer ranks
+  raises ``NotImplementedError``): Horovod's process sets must be added by
+  every rank of the job, torch creates a subgroup's backend on its members
+  only. ``ignite.distributed`` raises the same for groups on Horovod.
+
+Operations run in call order on one worker thread per group
+(:class:`~polydist.backends.work.Lane`), so ``async_op=True`` returns at once
+and a future completes without ``wait()`` (DDP overlaps its gradient
+all-reduces with the backward pass); each Horovod operation gets a unique
+name from the group's counter, which is how Horovod matches the ranks' calls.
+Tensors must be on the CPU (polydist builds Horovod without CUDA): a CUDA
+tensor raises ``ValueError``. Horovod's own failures
+(``HorovodInternalError``: a rank died, Horovod was shut down) are raised by
+``wait()``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ...ops import check_op_dtype, resolve_op
+from ..python_group import PythonProcessGroup, opt
+from ..tensors import byte_counts, unflatten
+from ..work import Work
+
+__all__ = ["HorovodProcessGroup", "BACKEND_NAME"]
+
+BACKEND_NAME = "horovod"
+
+# What hvd.allreduce_ reduces (the C++ functions horovod.torch 0.28 registers for CPU tensors)
+_NATIVE_DTYPES = frozenset({torch.int32, torch.int64, torch.float16, torch.float32, torch.float64})
+_HVD_OPS = {"SUM": "Sum", "AVG": "Average", "MIN": "Min", "MAX": "Max", "PRODUCT": "Product"}
+_BITWISE = {"AND": torch.bitwise_and, "OR": torch.bitwise_or, "XOR": torch.bitwise_xor}
+
+
+@functools.lru_cache(maxsize=None)
+def hvd() -> Any:
+    """``horovod.torch``, imported on first use (it loads Horovod's C++ library)."""
+    import horovod.torch as module
+
+    return module
+
+
+def _check_cpu(t: torch.Tensor) -> None:
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"the {BACKEND_NAME} backend moves CPU tensors only (polydist builds Horovod without CUDA), "
+            f"got a tensor on {t.device}"
+        )
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous ``t``'s memory as a flat uint8 tensor (a view)."""
+    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def _reduce_plan(t: torch.Tensor, op: Any) -> tuple[str, str]:
+    """``(op name, how)``: how is "native", "wide" (bfloat16 in float32), "real" (complex) or "gathered".
+
+    Raises ``ValueError``/``TypeError`` for an unknown op or one undefined on the dtype
+    (polydist's one table, :func:`polydist.ops.check_op_dtype`).
+    """
+    name = resolve_op(op)
+    check_op_dtype(name, t.dtype)
+    _check_cpu(t)
+    if name in _HVD_OPS:
+        if t.dtype in _NATIVE_DTYPES:
+            return name, "native"
+        if t.dtype == torch.bfloat16:
+            return name, "wide"
+        if t.dtype.is_complex:  # SUM/AVG only: check_op_dtype rejects MIN/MAX/PRODUCT
+            return name, "real"
+    return name, "gathered"
+
+
+def _reduce_rows(rows: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """Reduce ``rows`` (``[world size, n]``, rank order) along dim 0, as the backends define ``name`` on ``dtype``."""
+    if name == "SUM":
+        return rows.sum(0).to(dtype)  # wraps around in the dtype as gloo does; bool: any
+    if name == "PRODUCT":
+        return rows.prod(0).to(dtype)
+    if name == "MIN":
+        return rows.amin(0)
+    if name == "MAX":
+        return rows.amax(0)
+    return functools.reduce(_BITWISE[name], rows)  # AND/OR/XOR
+
+
+class HorovodProcessGroup(PythonProcessGroup):
+    """A ``torch.distributed`` process group over Horovod's global process set.
+
+    Created by torch.distributed (``init_process_group("horovod")``, which
+    polydist's ``initialize("horovod")`` calls under ``horovodrun``), not by
+    hand. Ranks are Horovod's ranks. Methods carry PyTorch's ProcessGroup
+    signatures under the names PyTorch 2.2–2.13 call, as
+    :class:`~polydist.backends.mpi4py.MPIProcessGroup` does. Errors:
+    ``ValueError`` for CUDA tensors or mismatched sizes, ``TypeError`` for an
+    op undefined on a dtype, ``NotImplementedError`` for point-to-point, all
+    raised by the call before anything is sent; Horovod's errors are raised
+    by ``wait()``.
+    """
+
+    def __init__(self, rank: int, size: int) -> None:
+        super().__init__(rank, size, BACKEND_NAME)
+        self._count = 0  # operations issued: names them, the same on every rank
+
+    def __repr__(self) -> str:
+        return f"<HorovodProcessGroup rank={self.rank()} size={self.size()}>"
+
+    def _name(self, op: str) -> str:
+        """A name for the next Horovod operation: Horovod pairs the ranks' calls by name."""
+        self._count += 1
+        return f"polydist.{self._group_name or 'world'}.{op}.{self._count}"
+
+    # ------------------------------------------------------------ the Horovod calls (on the lane)
+
+    def _all_gather_bytes(self, flat: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``flat`` bytes, ``[world size, n]`` (every rank must give the same ``n``)."""
+        return hvd().allgather(flat.reshape(1, -1), name=self._name("allgather"))
+
+    def _all_to_all_bytes(self, flat: torch.Tensor, splits: list[int]) -> torch.Tensor:
+        out, _ = hvd().alltoall(flat, splits=splits, name=self._name("alltoall"))
+        return out
+
+    def _reduce_now(self, t: torch.Tensor, name: str, how: str) -> None:
+        """All-reduce contiguous CPU ``t`` in place (``how`` from :func:`_reduce_plan`)."""
+        if t.numel() == 0:
+            return
+        if how == "gathered":
+            rows = self._all_gather_bytes(_bytes_of(t)).view(t.dtype)
+            t.copy_(_reduce_rows(rows, name, t.dtype).view(t.shape))
+            return
+        work = t.float() if how == "wide" else torch.view_as_real(t) if how == "real" else t
+        hvd().allreduce_(work, op=getattr(hvd(), _HVD_OPS[name]), name=self._name("allreduce"))
+        if work is not t and how == "wide":
+            t.copy_(work)
+
+    # ------------------------------------------------------------ reductions
+
+    def allreduce(self, tensors: list, opts: Any = None) -> Work:
+        op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        plans = [_reduce_plan(t, op) for t in tensors]
+
+        def body() -> None:
+            for t, (name, how) in zip(tensors, plans):
+                c = t.contiguous()
+                self._reduce_now(c, name, how)
+                if c is not t:
+                    t.copy_(c)
+
+        return self._run("all_reduce", body, tensors, opts, tensors)
+
+    allreduce_coalesced = allreduce
+
+    def reduce(self, tensors: list, opts: Any = None) -> Work:
+        root = opt(opts, "rootRank", 0)
+        op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        plans = [_reduce_plan(t, op) for t in tensors]
+
+        def body() -> None:
+            for t, (name, how) in zip(tensors, plans):
+                c = t.clone(memory_format=torch.contiguous_format)  # non-root inputs stay untouched
+                self._reduce_now(c, name, how)
+                if self.rank() == root:
+                    t.copy_(c)
+
+        return self._run("reduce", body, tensors, opts, tensors)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        size = self.size()
+        if input.numel() != output.numel() * size:
+            raise ValueError(
+                f"reduce_scatter: input has {input.numel()} elements, need output's {output.numel()} x group size {size}"
+            )
+        if input.dtype != output.dtype:
+            raise ValueError(f"reduce_scatter: input dtype {input.dtype} differs from output dtype {output.dtype}")
+        name, how = _reduce_plan(input, op)
+        _check_cpu(output)
+
+        def body() -> None:
+            if how == "native" and name in ("SUM", "AVG") and output.numel():
+                rows = input.reshape(size, -1).contiguous()
+                mine = hvd().reducescatter(rows, op=getattr(hvd(), _HVD_OPS[name]), name=self._name("reducescatter"))
+            else:
+                whole = input.clone(memory_format=torch.contiguous_format)
+                self._reduce_now(whole, name, how)
+                mine = whole.reshape(size, -1)[self.rank()]
+            output.copy_(mine.reshape(output.shape))
+
+        return self._run("reduce_scatter_tensor", body, output, opts, [input])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    # ------------------------------------------------------------ data movement
+
+    def broadcast(self, tensors: list, opts: Any = None) -> Work:
+        root = opt(opts, "rootRank", 0)
+        for t in tensors:
+            _check_cpu(t)
+
+        def body() -> None:
+            for t in tensors:
+                c = t.contiguous()
+                if c.numel():
+                    hvd().broadcast_(_bytes_of(c), root, name=self._name("broadcast"))
+                if c is not t:
+                    t.copy_(c)
+
+        return self._run("broadcast", body, tensors, opts, tensors)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        size = self.size()
+        if output.nbytes != input.nbytes * size:
+            raise ValueError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {size}")
+        _check_cpu(input)
+        _check_cpu(output)
+
+        def body() -> None:
+            flat = self._all_gather_bytes(_bytes_of(input.contiguous()))
+            unflatten(flat.reshape(-1), [output], by_bytes=True)
+
+        return self._run("all_gather_into_tensor", body, output, opts, [input])
+
+    _allgather_base = all_gather_single
+
+    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+        """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
+        for outs, inp in zip(output_lists, inputs):
+            _check_outputs("all_gather", outs, inp, self.size())
+
+        def body() -> None:
+            for outs, inp in zip(output_lists, inputs):
+                unflatten(self._all_gather_bytes(_bytes_of(inp.contiguous())).reshape(-1), outs, by_bytes=True)
+
+        return self._run("all_gather", body, output_lists, opts, inputs)
+
+    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+        """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``), in one all-gather."""
+        size = self.size()
+        if len(output_lists) != size or any(len(outs) != len(inputs) for outs in output_lists):
+            raise ValueError(
+                f"all_gather_coalesced: need {size} output lists (one per rank) of {len(inputs)} tensors each, "
+                f"got {[len(outs) for outs in output_lists]}"
+            )
+        for t in inputs:
+            _check_cpu(t)
+
+        def body() -> None:
+            flat = torch.cat([_bytes_of(t.contiguous()) for t in inputs]) if inputs else torch.empty(0, dtype=torch.uint8)
+            rows = self._all_gather_bytes(flat)
+            for row, outs in zip(rows, output_lists):
+                unflatten(row, outs, by_bytes=True)
+
+        return self._run("all_gather_coalesced", body, output_lists, opts, inputs)
+
+    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+        root = opt(opts, "rootRank", 0)
+        here = self.rank() == root
+        _check_cpu(inputs[0])
+        if here:
+            _check_outputs("gather", output_lists[0], inputs[0], self.size())
+
+        def body() -> None:
+            rows = self._all_gather_bytes(_bytes_of(inputs[0].contiguous()))
+            if here:
+                unflatten(rows.reshape(-1), output_lists[0], by_bytes=True)
+
+        return self._run("gather", body, output_lists, opts, inputs)
+
+    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Work:
+        root = opt(opts, "rootRank", 0)
+        here = self.rank() == root
+        size = self.size()
+        _check_cpu(outputs[0])
+        if here:
+            _check_outputs("scatter", input_lists[0], outputs[0], size)
+
+        def body() -> None:
+            if here:
+                sent = torch.cat([_bytes_of(t.contiguous()) for t in input_lists[0]])
+                splits = [t.nbytes for t in input_lists[0]]
+            else:
+                sent, splits = torch.empty(0, dtype=torch.uint8), [0] * size
+            unflatten(self._all_to_all_bytes(sent, splits), outputs, by_bytes=True)
+
+        return self._run("scatter", body, outputs, opts, input_lists[0] if here else outputs)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        opts: Any = None,
+    ) -> Work:
+        size = self.size()
+        _check_cpu(input)
+        _check_cpu(output)
+        send = byte_counts(input, input_split_sizes, size, "input")
+        recv = byte_counts(output, output_split_sizes, size, "output")
+
+        def body() -> None:
+            got = self._all_to_all_bytes(_bytes_of(input.contiguous()), send)
+            if got.numel() != sum(recv):
+                raise ValueError(f"all_to_all_single: received {got.numel()} bytes, the output split sizes say {sum(recv)}")
+            unflatten(got, [output], by_bytes=True)
+
+        return self._run("all_to_all", body, output, opts, [input])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+        for t in (*inputs, *outputs):
+            _check_cpu(t)
+        if len(inputs) != self.size() or len(outputs) != self.size():
+            raise ValueError(f"all_to_all: need {self.size()} inputs and outputs, got {len(inputs)} and {len(outputs)}")
+
+        def body() -> None:
+            sent = torch.cat([_bytes_of(t.contiguous()) for t in inputs])
+            got = self._all_to_all_bytes(sent, [t.nbytes for t in inputs])
+            if got.numel() != sum(t.nbytes for t in outputs):
+                raise ValueError(f"all_to_all: received {got.numel()} bytes, the outputs hold {sum(t.nbytes for t in outputs)}")
+            unflatten(got, outputs, by_bytes=True)
+
+        return self._run("all_to_all", body, outputs, opts, inputs)
+
+    def barrier(self, opts: Any = None) -> Work:
+        return self._run("barrier", lambda: hvd().barrier(), None, opts, ())
+
+    # ------------------------------------------------------------ polydist's direct calls (blocking)
+
+    # Horovod's all-gather and all-to-all take a different dim 0 on every rank, so the bodies move
+    # at their own lengths, back to back in rank order: exactly the plan's layout. Horovod has no
+    # gather or scatter: gather is an all-gather that every rank plans alike (so that all of them
+    # take the second step or none does), scatter an all-to-all in which only the root sends.
+
+    def allreduce_tensor(self, t: torch.Tensor, op: Any = "SUM") -> torch.Tensor:
+        name, how = _reduce_plan(t, op)
+
+        def run() -> None:
+            c = t.contiguous()
+            self._reduce_now(c, name, how)
+            if c is not t:
+                t.copy_(c)
+
+        self._lane.call(run, "all_reduce", [t])
+        return t
+
+    def _land(self, got: torch.Tensor, out: torch.Tensor, total: int) -> None:
+        if got.numel() != total:
+            raise ValueError(f"{BACKEND_NAME}: received {got.numel()} bytes where the headers announced {total}")
+        _bytes_of(out).copy_(got.reshape(-1))
+
+    def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
+        done: list = []
+
+        def run() -> None:
+            heads = self._all_gather_bytes(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+            p, out = plan(heads.numpy().tobytes())
+            got = hvd().allgather(_bytes_of(body), name=self._name("allgather"))
+            self._land(got, out, p.total)
+            done.append((p, out))
+
+        self._lane.call(run, "all_gather", [body])
+        return done[0]
+
+    def gather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any], root: int) -> Any:
+        p, out = self.allgather_pieces(header, body, plan)
+        return (p, out) if self.rank() == root else None
+
+    def scatter_pieces(
+        self, headers: Optional[bytes], bodies: Optional[torch.Tensor], lengths: Sequence[int], root: int,
+        size: int, length_of: Callable[[bytes], Any],
+    ) -> tuple[bytes, torch.Tensor]:  # fmt: skip
+        here, n = self.rank() == root, self.size()
+        nothing = torch.empty(0, dtype=torch.uint8)
+        done: list = []
+
+        def run() -> None:
+            sent = torch.frombuffer(bytearray(headers), dtype=torch.uint8) if here and headers else nothing
+            mine = self._all_to_all_bytes(sent, [size] * n if here else [0] * n).numpy().tobytes()
+            length, _ = length_of(mine)
+            out = self._all_to_all_bytes(_bytes_of(bodies) if here else nothing, list(lengths) if here else [0] * n)
+            if out.numel() != length:
+                raise ValueError(f"{BACKEND_NAME}: received {out.numel()} bytes where the header announced {length}")
+            done.append((mine, out))
+
+        self._lane.call(run, "scatter", [])
+        return done[0]
+
+    def all_to_all_pieces(
+        self, headers: bytes, bodies: torch.Tensor, lengths: Sequence[int], plan: Callable[[bytes], Any]
+    ) -> tuple[Any, torch.Tensor]:
+        n = self.size()
+        done: list = []
+
+        def run() -> None:
+            heads = self._all_to_all_bytes(torch.frombuffer(bytearray(headers), dtype=torch.uint8), [len(headers) // n] * n)
+            p, out = plan(heads.numpy().tobytes())
+            self._land(self._all_to_all_bytes(_bytes_of(bodies), list(lengths)), out, p.total)
+            done.append((p, out))
+
+        self._lane.call(run, "all_to_all", [bodies])
+        return done[0]
+
+    # ------------------------------------------------------------ point-to-point: not in Horovod
+
+    def _no_p2p(self, op: str) -> Work:
+        raise NotImplementedError(
+            f"{op}: the {BACKEND_NAME} backend has no point-to-point operations (a Horovod operation needs every "
+            "rank of its process set); use the gloo or mpi backend for send/recv"
+        )
+
+    def send(self, tensors: list, dst: int, tag: int) -> Work:
+        return self._no_p2p("send")
+
+    def recv(self, tensors: list, src: int, tag: int) -> Work:
+        return self._no_p2p("recv")
+
+    def recv_anysource(self, tensors: list, tag: int) -> Work:
+        return self._no_p2p("recv")
+
+
+def _check_outputs(what: str, outs: list, inp: torch.Tensor, size: int) -> None:
+    """``outs`` must be one tensor per rank, each holding as many bytes as ``inp``."""
+    if len(outs) != size or any(o.nbytes != inp.nbytes for o in outs):
+        raise ValueError(
+            f"{what}: need {size} tensors (one per rank) of {inp.nbytes} bytes each, got {[o.nbytes for o in outs]}"
+        )
+    for o in outs:
+        _check_cpu(o)

@@ -1,0 +1,83 @@
+"""What polydist's ProcessGroups written in Python (mpi4py, horovod) share.
+
+A name under which torch registers the group, one :class:`~polydist.backends.work.Lane`
+that runs the group's operations in call order, and the operations torch asks
+for that are compositions of others (the coalesced and list forms).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .direct import DirectProcessGroup
+from .work import Lane, Work
+
+__all__ = ["PythonProcessGroup", "opt"]
+
+
+def opt(opts: Any, name: str, default: Any) -> Any:
+    """Field ``name`` of torch's options object (``AllreduceOptions``, ...), or ``default`` without one."""
+    return default if opts is None else getattr(opts, name, default)
+
+
+class PythonProcessGroup(DirectProcessGroup):
+    """The base of the mpi4py and horovod groups; ``backend`` is the name ``getBackendName()`` gives."""
+
+    def __init__(self, rank: int, size: int, backend: str) -> None:
+        super().__init__(rank, size)
+        self._backend = backend
+        self._lane = Lane(backend)
+        self._group_name = ""
+
+    def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
+        return self._backend
+
+    # torch names each group (destroy_process_group unregisters it by name); the C++
+    # ProcessGroup keeps the name on its backend objects, which a Python group has none of.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        if not self._group_name:
+            raise RuntimeError("ProcessGroup name not set")
+        return self._group_name
+
+    def _run(self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor]) -> Work:
+        """``body`` on the lane, in call order; blocking when torch asked for ``async_op=False``."""
+        return self._lane.run(body, result, not opt(opts, "asyncOp", True), op, inputs)
+
+    def _after(self, works: list, result: Any, opts: Any) -> Work:
+        """One Work for several queued on this lane: done when the last is (the lane keeps order)."""
+
+        def body() -> None:
+            for w in works:
+                w.wait()  # already done: the lane ran them first; re-raises their errors
+
+        return self._run("coalesced", body, result, opts, ())
+
+    # ------------------------------------------------------------ compositions (the subclasses define the *_single)
+
+    def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Work:
+        works = [self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts) for out, ins in zip(outputs, input_lists)]
+        return works[-1] if len(works) == 1 else self._after(works, outputs, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+        return self._after([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs, opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+        return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
+
+    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+        return self._after([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs, opts)
+
+    def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+        return self.all_gather_single_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        raise NotImplementedError
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+        raise NotImplementedError
