@@ -72,7 +72,7 @@ def resolve_backend(name: Optional[str]) -> str:
     if lowered == horovod_backend.BACKEND_NAME and not horovod_backend.register():
         raise ValueError(
             f"Unknown backend {name!r}: Horovod is not installed (make horovod builds it). "
-            f"Available backends: {', '.join(available_backends())}"
+            f"Backend should be one of {', '.join(available_backends())}"  # ignite's words
         )
     known = {b.lower() for b in dist.Backend.backend_list} | {"mpi"}
     if lowered not in known:
