@@ -36,11 +36,10 @@ horovod: $(STAMP)
 	tools/build_horovod.sh $(BIN)/python $(VENV)/horovod-wheels
 
 # The horovod backend's tests, Horovod built first: the world tests on horovod worlds (ranks started by
-# horovodrun --gloo; POLYDIST_TEST_BACKENDS=horovod), tests/backends/test_horovod.py, and ignite's own tests
-# (its serial phase, which runs ignite's horovod tests once Horovod is installed). make test skips them.
+# horovodrun --gloo; POLYDIST_TEST_BACKENDS=horovod) and tests/backends/test_horovod.py (about 6 minutes).
+# make test skips them.
 test-horovod: horovod
 	POLYDIST_TEST_BACKENDS=horovod $(BIN)/python -m pytest -p no:cacheprovider -k horovod tests
-	$(BIN)/python -m pytest -p no:cacheprovider "tests/third_party/test_ignite_suite.py::test_ignite_suite_passes_on_polydist[serial]"
 
 # The documentation site (mkdocs.yml, docs/): the docs extra and Debian's chromium + chromedriver for the
 # browser check (tests/docs/test_site.py, which make test also runs, skipping it where they are missing).
