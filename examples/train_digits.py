@@ -34,18 +34,21 @@ averaged across ranks so that every copy takes the same optimizer step.
   global-batch mean for full batches; in the last, uneven batch the sampler
   pads the shorter ranks with a repeated sample, so ``--ddp`` reaches the same
   accuracy up to that one sample, not bit for bit.
-* ``--checkpoint PATH``: after each epoch rank 0 saves the model, the
-  optimizer (momentum), the number of finished epochs, torch's RNG state and
-  the settings that must not change on resume. The file is replaced
-  atomically (temporary file in the same directory, fsync, ``os.replace``,
-  fsync of the directory), so a crash at any moment leaves the previous
-  checkpoint or the new one, never a torn file; a killed run loses at most
-  the epoch it was in.
-* ``--resume`` (with ``--checkpoint``): continue from PATH (or start afresh if
-  there is none yet) on any world size: rank 0 reads the file and broadcasts
-  it. As the data order is a function of ``seed + epoch`` only, the resumed
-  run trains the same model as an uninterrupted one: bit for bit on the same
-  world size, up to rounding on another. ``--epochs`` is the total.
+* ``--checkpoint PATH``: a :class:`polydist.Checkpointer` saves the model,
+  the optimizer (momentum), the number of finished epochs, torch's RNG state
+  and the settings that must not change on resume after each epoch. The file
+  is replaced atomically (temporary file, fsync, ``os.replace``, fsync of the
+  directory), so a crash at any moment leaves the previous checkpoint or the
+  new one, never a torn file; a killed run loses at most the epoch it was in.
+  Each node keeps its own copy (local rank 0 writes it).
+* ``--resume`` (with ``--checkpoint``): continue from the newest checkpoint
+  (or start afresh if there is none yet) on any world size: the rank that
+  holds it broadcasts it. After a restart by the launcher
+  (``polydist run --max-restarts N``: ``polydist.restart_count()`` > 0) the
+  run resumes without being asked. As the data order is a function of
+  ``seed + epoch`` only, the resumed run trains the same model as an
+  uninterrupted one: bit for bit on the same world size, up to rounding on
+  another. ``--epochs`` is the total.
 
 Run it with any launcher, or none::
 
@@ -53,15 +56,13 @@ Run it with any launcher, or none::
     torchrun --nproc-per-node 2 examples/train_digits.py
     python examples/train_digits.py            # serial: world size 1
     polydist run --nproc-per-node 2 examples/train_digits.py --ddp --checkpoint ckpt.pt --resume
+    polydist run --max-restarts 3 --nproc-per-node 2 examples/train_digits.py --checkpoint ckpt.pt
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import math
-import os
 import sys
 import time
 from typing import Optional, Sequence
@@ -92,8 +93,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=128, help="width of the hidden layer")
     parser.add_argument("--backend", default=None, help="gloo, nccl, ... (default: polydist picks)")
     parser.add_argument("--ddp", action="store_true", help="train with auto_model/auto_optim/auto_dataloader (DDP)")
-    parser.add_argument("--checkpoint", metavar="PATH", help="save a checkpoint to PATH after each epoch (rank 0)")
-    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint PATH if it exists")
+    parser.add_argument(
+        "--checkpoint", metavar="PATH", help="save a checkpoint to PATH after each epoch (local rank 0 of each node)"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from --checkpoint PATH if it exists (implied after a restart)"
+    )
     args = parser.parse_args(argv)
     if args.resume and not args.checkpoint:
         parser.error("--resume needs --checkpoint PATH")
@@ -202,60 +207,6 @@ def parameters_identical(model: nn.Module) -> tuple[bool, float]:
     return bool((everyone == everyone[0]).all()), diff
 
 
-def save_checkpoint(path: str, state: dict) -> None:
-    """Write ``state`` to ``path`` atomically: readers see the old file or the new one, never a torn one.
-
-    The temporary file lies in the same directory (``os.replace`` is atomic
-    within a file system only) and is flushed and fsynced before the rename;
-    the directory is fsynced after it, so that the rename itself survives a
-    power loss. A leftover temporary file of a killed save is overwritten by
-    the next one.
-    """
-    path = os.path.abspath(path)
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
-    if hasattr(os, "O_DIRECTORY"):  # POSIX: persist the directory entry
-        fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def load_checkpoint(path: str) -> Optional[dict]:
-    """Rank 0's checkpoint at ``path`` on every rank (None when there is none).
-
-    Rank 0 reads the file and broadcasts its bytes, so the other ranks need no
-    access to rank 0's file system. ``weights_only`` loading: no code runs.
-    """
-    data = None
-    if pdist.get_rank() == 0 and os.path.exists(path):
-        with open(path, "rb") as f:
-            data = f.read()
-    data = pdist.broadcast(data, src=0)
-    return None if data is None else torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-
-
-def check_resumable(state: dict, args: argparse.Namespace) -> None:
-    """Raise ValueError when the checkpoint was trained with other settings than this run's."""
-    changed = [
-        f"--{name.replace('_', '-')} {state['settings'][name]} (now {getattr(args, name)})"
-        for name in RESUME_SETTINGS
-        if state["settings"][name] != getattr(args, name)
-    ]
-    if changed:
-        raise ValueError(f"--resume: {args.checkpoint} was saved with other settings: {', '.join(changed)}")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     pdist.initialize(args.backend)
@@ -277,21 +228,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with torch.no_grad():
         for p in model.parameters():
             pdist.broadcast(p, src=0)
-    state = load_checkpoint(args.checkpoint) if args.resume else None
-    start_epoch = 0
-    if state is not None:
-        check_resumable(state, args)
-        model.load_state_dict(state["model"])
-        torch.set_rng_state(state["rng"])
-        start_epoch = state["epoch"]
     net = model  # the plain module: evaluated, compared and saved in both modes
     if args.ddp:
         model = pdist.auto_model(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
     if args.ddp:
         optimizer = pdist.auto_optim(optimizer)
+    checkpointer = None
+    if args.checkpoint:
+        settings = {name: getattr(args, name) for name in RESUME_SETTINGS}
+        checkpointer = pdist.Checkpointer(args.checkpoint, model=net, optimizer=optimizer, settings=settings)
+    restarts = pdist.restart_count()
+    resume = checkpointer is not None and (args.resume or restarts > 0)
+    start_epoch = checkpointer.resume() if resume else 0
+    if args.ddp:
         loader = pdist.auto_dataloader(
             TensorDataset(x_train, y_train), batch_size=args.batch_size, shuffle=True, seed=args.seed
         )
@@ -303,11 +253,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"{len(x_train)} train / {len(x_test)} test samples, "
             f"batch {args.batch_size} global = {args.batch_size // world} per rank"
             + ("; DistributedDataParallel (--ddp)" if args.ddp else "")
+            + (f"; restart {restarts}" if restarts else "")
         )
-        if args.resume:
+        if resume:
+            saved = checkpointer.resumed_from
             print(
-                f"resuming from {args.checkpoint} after epoch {start_epoch} (saved on {state['world_size']} ranks)"
-                if state is not None
+                f"resuming from {args.checkpoint} after epoch {start_epoch} (saved on {saved['world_size']} ranks)"
+                if saved is not None
                 else f"no checkpoint at {args.checkpoint} yet: starting at epoch 0"
             )
     start = time.perf_counter()
@@ -322,15 +274,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             loss = train_epoch(model, optimizer, x_train, y_train, args.batch_size, args.seed + epoch)
         bar.set_postfix(loss=f"{loss:.4f}")
-        if args.checkpoint and main_rank:
-            save_checkpoint(args.checkpoint, {
-                "epoch": epoch + 1,  # finished epochs
-                "model": net.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "rng": torch.get_rng_state(),
-                "settings": {name: getattr(args, name) for name in RESUME_SETTINGS},
-                "world_size": world,
-            })
+        if checkpointer is not None and checkpointer.save(epoch + 1) and main_rank:  # finished epochs
             bar.write(f"checkpoint: epoch {epoch + 1} saved to {args.checkpoint}", file=sys.stdout)
     bar.close()
     wall = time.perf_counter() - start

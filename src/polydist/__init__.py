@@ -21,6 +21,8 @@ from .errors import InvalidGroupError, WorkerFailedError
 from .groups import new_group
 from .helpers import one_rank_first, one_rank_only
 from .launch import Parallel, spawn
+from .launch.restarts import restart_count
+from .checkpoint import Checkpointer
 from .settings import is_debug, set_allow_pickle, set_debug
 from .collectives.recorder import set_trace
 from .trace.dump import dump_trace
@@ -38,7 +40,8 @@ __all__ = [
     "get_nproc_per_node", "get_nnodes", "get_node_rank", "is_main_process", "backend", "device", "hostname",
     "available_backends", "show_config", "set_local_rank", "model_name", "sync", "registered_computation_models",
     "has_native_dist_support", "has_xla_support", "has_hvd_support",
-    "spawn", "Parallel",  # launching
+    "spawn", "Parallel", "restart_count",  # launching
+    "Checkpointer",  # checkpoints that restarted jobs resume from
     "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter",  # collectives
     "all_to_all", "all_gather_tensors_with_shapes", "barrier", "send", "recv", "isend", "irecv", "Work", "new_group",
     "one_rank_only", "one_rank_first",  # helpers

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import socket
 from datetime import timedelta
 from typing import Any, Iterator, Optional
@@ -30,6 +31,8 @@ __all__ = [
     "WorkBase",
     "StoreError",
     "launch_config",
+    "restart_hook",
+    "fresh_worker_store",
 ]
 
 _c10d = dist.distributed_c10d
@@ -94,6 +97,73 @@ def launch_config(**kwargs: Any) -> Any:
 
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
     return LaunchConfig(**{k: v for k, v in kwargs.items() if k in known})
+
+
+@contextlib.contextmanager
+def restart_hook(on_restart: Any) -> Iterator[None]:
+    """Call ``on_restart(failures, restarts_done, max_restarts)`` each time an elastic agent started inside
+    the block restarts its workers.
+
+    ``failures`` is ``{global rank: ProcessFailure}`` when failed workers
+    caused the restart (it counts against ``max_restarts``), None when nodes
+    joined the rendezvous (a membership change, which does not count). torch
+    logs only "will restart worker group" at INFO, without the failure, and
+    ``launch_agent`` builds its ``LocalElasticAgent`` itself, so a subclass
+    that sees each monitoring result stands in for it during the block.
+    """
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.launcher import api
+
+    base = api.LocalElasticAgent
+
+    class ReportingAgent(base):  # type: ignore[misc, valid-type]
+        _polydist_last: Any = None
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            result = super()._monitor_workers(worker_group)
+            self._polydist_last = result
+            return result
+
+        def _restart_workers(self, worker_group: Any) -> None:
+            last = self._polydist_last
+            failed = last is not None and last.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+            spec = worker_group.spec
+            # torch counts the restart (remaining - 1) before it calls this
+            on_restart(last.failures if failed else None, spec.max_restarts - self._remaining_restarts, spec.max_restarts)
+            super()._restart_workers(worker_group)
+
+    api.LocalElasticAgent = ReportingAgent
+    try:
+        yield
+    finally:
+        api.LocalElasticAgent = base
+
+
+@contextlib.contextmanager
+def fresh_worker_store(enabled: bool) -> Iterator[None]:
+    """Inside the block (when ``enabled``), each start of an elastic agent's workers meets on a new store.
+
+    torch's c10d rendezvous shares one TCP store, served by the agent, with
+    every generation of workers, and torch's env:// rendezvous no longer
+    prefixes keys by attempt ("a new TCPStore for every retry"). Restarted
+    workers then read their predecessors' gloo addresses and fail with
+    "Connection refused". ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (read by
+    the handler at each rendezvous) makes rank 0 of each generation serve a
+    store of its own on a fresh port (:mod:`polydist.join` keeps it on
+    loopback for single-node jobs).
+    """
+    name = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    previous = os.environ.get(name)
+    if enabled:
+        os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if enabled:
+            if previous is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = previous
 
 
 @contextlib.contextmanager

@@ -22,14 +22,55 @@ def _parser() -> argparse.ArgumentParser:
         help="run SCRIPT on N processes per node (PyTorch's elastic agent underneath)",
         description="Run SCRIPT [ARGS...] (or -m MODULE) as every rank of a job. Output lines are prefixed "
         "with the rank; when a rank raises, exits non-zero or dies, the others are stopped, its traceback is "
-        "shown and the exit code is 1. The workers die with the launcher.",
+        "shown and the exit code is 1 (or, with --max-restarts, every worker starts again). The workers die with "
+        "the launcher.",
     )
     run.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N")
     run.add_argument("--backend", default=None, help="gloo, nccl, mpi, ... (default: nccl with CUDA, else gloo)")
-    run.add_argument("--nnodes", type=int, default=1, metavar="N")
+    run.add_argument(
+        "--nnodes",
+        type=_nnodes,
+        default=(1, 1),
+        metavar="N|MIN:MAX",
+        help="number of nodes; MIN:MAX (with --rdzv-endpoint) lets nodes leave and join between restarts "
+        "(torch's c10d rendezvous, as torchrun)",
+    )
     run.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="R")
     run.add_argument("--master-addr", "--master_addr", default=None, metavar="A")
     run.add_argument("--master-port", "--master_port", type=int, default=None, metavar="P")
+    run.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="when a rank fails, stop the others and restart every worker, up to N times (announced on stderr "
+        "with the failed rank and its traceback; the program reads polydist.restart_count()). Default 0: the job "
+        "ends at the first failure",
+    )
+    run.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="elastic jobs: the c10d rendezvous, served by the node that owns HOST; node ranks are assigned",
+    )
+    run.add_argument("--rdzv-id", "--rdzv_id", default="polydist", metavar="ID", help="elastic jobs: the job's id")
+    run.add_argument(
+        "--rdzv-conf",
+        "--rdzv_conf",
+        type=_key_values,
+        default={},
+        metavar="K=V,...",
+        help="elastic jobs: rendezvous settings, as torchrun's (e.g. last_call_timeout=5,join_timeout=600)",
+    )
+    run.add_argument(
+        "--local-addr",
+        "--local_addr",
+        default=None,
+        metavar="A",
+        help="this node's address as the other nodes reach it (default: its host name)",
+    )
     run.add_argument(
         "--timeout",
         type=_seconds,
@@ -73,6 +114,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _nnodes(text: str) -> tuple:
+    """``N`` or ``MIN:MAX`` (torchrun's form) as (min, max)."""
+    low, sep, high = text.partition(":")
+    try:
+        bounds = (int(low), int(high) if sep else int(low))
+    except ValueError:
+        bounds = (0, 0)
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"must be N or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+    return bounds
+
+
+def _key_values(text: str) -> dict:
+    """``k=v,k2=v2`` as a dict of strings (torch's rendezvous parses each value itself)."""
+    pairs = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE pairs separated by commas, got {item!r} in {text!r}")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -111,16 +175,23 @@ def _launch(ns: argparse.Namespace) -> int:
     if ns.backend and ns.backend.lower() in ("mpi", "mpi4py"):
         return _run_mpi(ns, worker)
     os.environ[settings.LAUNCHER_PID.name] = str(os.getpid())  # the workers' parent: they die with it
+    min_nodes, max_nodes = ns.nnodes
     return _reporting(
         lambda: launch(
             sys.executable,
             worker,
             ns.nproc_per_node,
-            nnodes=ns.nnodes,
+            nnodes=max_nodes,
             node_rank=ns.node_rank,
             master_addr=ns.master_addr,
             master_port=ns.master_port,
             prefix_output=not ns.no_prefix,
+            max_restarts=ns.max_restarts,
+            min_nodes=min_nodes,
+            rdzv_endpoint=ns.rdzv_endpoint,
+            rdzv_id=ns.rdzv_id,
+            rdzv_conf=ns.rdzv_conf,
+            local_addr=ns.local_addr,
         )
     )
 
@@ -144,7 +215,7 @@ def _run_mpi(ns: argparse.Namespace, worker: list) -> int:
     """``polydist run --backend mpi``: the ranks are started by MPI's own launcher (mpiexec)."""
     from .launch import mpiexec
 
-    if ns.nnodes != 1:
+    if ns.nnodes != (1, 1) or ns.rdzv_endpoint:
         print(
             "polydist run: --backend mpi starts the ranks of one node with mpiexec; for several nodes run "
             "mpiexec with your host list yourself: mpiexec -n N -hosts A,B python SCRIPT (polydist.initialize('mpi') "
@@ -152,8 +223,18 @@ def _run_mpi(ns: argparse.Namespace, worker: list) -> int:
             file=sys.stderr,
         )
         return 2
+    from .launch.restarts import rerun
+
+    if ns.max_restarts < 0:
+        print(f"polydist run: --max-restarts must be a non-negative int, got {ns.max_restarts}", file=sys.stderr)
+        return 2
     env = dict(os.environ, **{settings.PREFIX_OUTPUT.name: "0" if ns.no_prefix else "1"})
-    return _reporting(lambda: mpiexec.run([sys.executable, *worker], ns.nproc_per_node, env=env))
+
+    def start(restarts: int) -> None:  # mpiexec cannot restart ranks: the whole MPI job runs again
+        env[settings.RESTART_COUNT.name] = str(restarts)
+        mpiexec.run([sys.executable, *worker], ns.nproc_per_node, env=env)
+
+    return _reporting(lambda: rerun(start, ns.max_restarts))
 
 
 def _info() -> int:

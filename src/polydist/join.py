@@ -195,6 +195,10 @@ def group_kwargs(
     group_kwargs.update(rank=rank, world_size=world_size)
     if init_method is not None:
         pass
+    elif info.master_addr and info.master_port and _serves_loopback_store(info):
+        # An elastic agent that does not share its store (polydist's restartable jobs) leaves rank 0
+        # to serve one; torch's env:// would listen on every interface, this listens on loopback only.
+        group_kwargs["_loopback_port"] = info.master_port
     elif info.master_addr and info.master_port:
         exported = os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
         # env:// when the launcher exported the address (torchrun's agent may already host the
@@ -214,6 +218,11 @@ def group_kwargs(
     if name == "nccl" and info.local_rank is not None:
         torch.cuda.set_device(info.local_rank)
     return group_kwargs
+
+
+def _serves_loopback_store(info: ProcessInfo) -> bool:
+    """Whether rank 0 of this elastic worker group must serve the store, at a loopback address."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False" and info.master_addr in ("127.0.0.1", "localhost")
 
 
 def meets_through_mpi(name: str, info: ProcessInfo) -> bool:

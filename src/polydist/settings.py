@@ -33,6 +33,7 @@ __all__ = [
     "TRACE_BUFFER",
     "TRACE_DIR",
     "PROFILE_COMMS",
+    "RESTART_COUNT",
     "set_debug",
     "is_debug",
     "set_allow_pickle",
@@ -109,6 +110,7 @@ TRACE = Variable("POLYDIST_TRACE", _flag, True, "the flight recorder: every rank
 TRACE_BUFFER = Variable("POLYDIST_TRACE_BUFFER", _count, 2000, "how many calls the flight recorder keeps per rank")
 TRACE_DIR = Variable("POLYDIST_TRACE_DIR", _text, None, "where flight-recorder dumps go (polydist run --trace-dir)")
 PROFILE_COMMS = Variable("POLYDIST_PROFILE_COMMS", _flag, False, "polydist run --profile-comms: profile every collective")
+RESTART_COUNT = Variable("POLYDIST_RESTART_COUNT", int, None, "set by polydist run --backend mpi --max-restarts: reruns so far")
 
 
 class _Switch:

@@ -89,14 +89,19 @@ pd.barrier()
 """
 
 
-def test_polydist_run_listens_on_loopback_only(tmp_path, cli_env):
-    """The launcher's rendezvous store, the store it shares with its workers, and the workers' gloo pairs."""
+@pytest.mark.parametrize("restarts", [[], ["--max-restarts", "1"]], ids=["plain", "restartable"])
+def test_polydist_run_listens_on_loopback_only(restarts, tmp_path, cli_env):
+    """The launcher's rendezvous store, the store it shares with its workers, and the workers' gloo pairs.
+
+    A restartable job's workers meet on a store of their own, served by rank 0 (polydist._torch.fresh_worker_store).
+    """
     import subprocess
 
     script = tmp_path / "job.py"
     script.write_text(JOB.format(here=os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run(
-        ["polydist", "run", "--nproc-per-node", "2", str(script)], env=cli_env, capture_output=True, text=True, timeout=180
+        ["polydist", "run", *restarts, "--nproc-per-node", "2", str(script)],
+        env=cli_env, capture_output=True, text=True, timeout=180,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     lines = [line.split("LISTENERS ", 1)[1] for line in out.stdout.splitlines() if "LISTENERS" in line]

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from conftest import ROOT
+from polydist import Checkpointer
+from polydist.checkpoint import save_atomic
 
 EXAMPLE = os.path.join(ROOT, "examples", "train_digits.py")
 EPOCHS = 12
@@ -62,9 +64,8 @@ def _max_difference(path_a, path_b) -> float:
 
 @pytest.mark.parametrize("crash_in", ["torch.save", "os.fsync", "os.replace"])
 def test_crash_mid_save_keeps_previous_checkpoint(crash_in, tmp_path, monkeypatch):
-    example = _example()
     path = str(tmp_path / "ckpt.pt")
-    example.save_checkpoint(path, {"epoch": 1, "w": torch.ones(3)})
+    save_atomic(path, {"epoch": 1, "w": torch.ones(3)})
 
     def torn(*args, **kwargs):
         if crash_in == "torch.save":  # part of the bytes reach the file, then the process dies
@@ -74,17 +75,19 @@ def test_crash_mid_save_keeps_previous_checkpoint(crash_in, tmp_path, monkeypatc
     module, name = crash_in.split(".")
     monkeypatch.setattr({"torch": torch, "os": os}[module], name, torn)
     with pytest.raises(KeyboardInterrupt):
-        example.save_checkpoint(path, {"epoch": 2, "w": torch.zeros(3)})
+        save_atomic(path, {"epoch": 2, "w": torch.zeros(3)})
     monkeypatch.undo()
     state = torch.load(path, weights_only=True)
     assert state["epoch"] == 1 and state["w"].tolist() == [1.0, 1.0, 1.0]
     assert os.listdir(tmp_path) == ["ckpt.pt"]  # the temporary file was removed
 
-    # A process killed outright leaves its temporary file behind: the next save overwrites it.
-    with open(path + ".tmp", "wb") as f:
-        f.write(b"garbage")
-    example.save_checkpoint(path, {"epoch": 3})
-    assert _epoch(path) == 3 and os.listdir(tmp_path) == ["ckpt.pt"]
+    # A process killed outright leaves its temporary file behind: the next resume removes it.
+    (tmp_path / ".ckpt.pt.0123abcd.tmp").write_bytes(b"garbage")
+    (tmp_path / ".other.pt.0123abcd.tmp").write_bytes(b"another checkpoint's: kept")
+    save_atomic(path, {"epoch": 3})
+    assert _epoch(path) == 3
+    assert Checkpointer(path).resume() == 3
+    assert sorted(os.listdir(tmp_path)) == [".other.pt.0123abcd.tmp", "ckpt.pt"]
 
 
 # ------------------------------------------------------------ runs of the example
@@ -188,3 +191,56 @@ def test_sigkill_mid_epoch_then_resume(two_ranks_ddp, cli_env, tmp_path):
     assert f"resuming from {path} after epoch {saved} (saved on 2 ranks)" in out
     # Same world size: the very same model, bit for bit.
     assert _accuracy(out) == _accuracy(two_ranks_ddp[0]) and _max_difference(path, two_ranks_ddp[1]) == 0.0
+
+
+def _worker_of_rank(launcher_pid: int, rank: int) -> int:
+    """The pid of the worker with global rank ``rank`` among the launcher's descendants (from their environment)."""
+    for pid in _job_pids(launcher_pid)[1:]:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and any(v.startswith(b"TORCHELASTIC_RUN_ID=") for v in env):
+            return pid
+    raise AssertionError(f"no worker of rank {rank} under pid {launcher_pid}")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the job's processes in /proc")
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S + 30)
+def test_max_restarts_survives_a_rank_sigkilled_mid_run(two_ranks_ddp, cli_env, tmp_path):
+    """Issue 15's bar: `polydist run --max-restarts 3` with rank 1 SIGKILLed mid-run finishes by itself, exit 0,
+    with the model of an uninterrupted run (resumed from the checkpoint after the restart, same world size)."""
+    path = str(tmp_path / "ckpt.pt")
+    cmd = [
+        "polydist", "run", "--max-restarts", "3", "--nproc-per-node", "2",
+        EXAMPLE, "--epochs", str(EPOCHS), "--ddp", "--checkpoint", path,
+    ]
+    job = subprocess.Popen(cmd, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not (os.path.exists(path) and _epoch(path) >= 2):
+            assert job.poll() is None and time.monotonic() < deadline, "the job ended before epoch 2 was saved"
+            time.sleep(0.01)
+        os.kill(_worker_of_rank(job.pid, 1), signal.SIGKILL)
+        killed_after = _epoch(path)
+        out, err = job.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode == 0, f"--- stdout\n{out}\n--- stderr\n{err}"
+    assert killed_after < EPOCHS, "the job had finished training before the kill"
+    announced = re.search(
+        r"polydist: restart 1 of 3: rank 1 \(local rank 1, pid \d+\) failed first, with exit code -9 "
+        r"\(killed by SIGKILL\)", err
+    )
+    assert announced, err
+    assert "(no traceback: the process was killed by SIGKILL" in err
+    assert "restarting every worker (restart 1 of 3, 2 left)" in err and "restart 2 of 3" not in err
+    assert "[rank0]: world size 2, backend gloo" in out and "; restart 1" in out, out
+    resumed = re.search(r"resuming from .* after epoch (\d+) \(saved on 2 ranks\)", out)
+    assert resumed and killed_after <= int(resumed.group(1)) < EPOCHS, out
+    # Same world size: the very same model, bit for bit, as the uninterrupted run.
+    assert _accuracy(out) == _accuracy(two_ranks_ddp[0]) >= 0.95
+    assert _epoch(path) == EPOCHS and _max_difference(path, two_ranks_ddp[1]) == 0.0

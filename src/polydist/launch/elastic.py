@@ -4,11 +4,15 @@ All three go through PyTorch's elastic agent (``torch.distributed.launcher``,
 the machinery of ``torchrun``): no home-made process manager. Single-node jobs
 meet on a stand-alone c10d rendezvous whose TCP store binds port 0 on loopback,
 so the OS picks a free port and two jobs on one machine never collide.
-Multi-node jobs use torchrun's static rendezvous at ``master_addr:master_port``.
-When any worker fails, the agent stops the others and the launcher raises
-:class:`~polydist.errors.WorkerFailedError` naming the failed ranks with their
-tracebacks. Workers die with their launcher, also one killed with SIGKILL
-(:func:`die_with_parent`).
+Multi-node jobs use torchrun's static rendezvous at ``master_addr:master_port``,
+or, for elastic membership (``min_nodes`` < ``nnodes``, or an explicit
+``rdzv_endpoint``), torch's c10d rendezvous, which lets nodes leave and join
+between restarts. When any worker fails, the agent stops the others; with
+``max_restarts`` left it starts them all again (announcing the failed rank and
+its traceback on stderr; the workers read :func:`polydist.restart_count`),
+else the launcher raises :class:`~polydist.errors.WorkerFailedError` naming
+the failed ranks with their tracebacks. Workers die with their launcher, also
+one killed with SIGKILL (:func:`die_with_parent`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from .. import _torch
 from ..environment import detect
 from ..errors import WorkerFailedError
 from ..trace.dump import DUMP_NOTE, failed
+from .restarts import announce, exhausted
 
 __all__ = [
     "launch",
@@ -60,27 +65,67 @@ def check_node_rank(node_rank: Any, nnodes: int) -> int:
     return node_rank
 
 
+def _check_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _is_local_address(host: str) -> bool:
+    """Whether ``host`` names an address of this machine (it can be bound here).
+
+    torch's c10d rendezvous decides which node serves its store by comparing
+    the endpoint with the host's name, which fails where names resolve to
+    loopback or several hosts share one name (containers, network namespaces).
+    The node that can bind the endpoint's address is the one it names.
+    """
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, kind, proto, _, address in infos:
+        with contextlib.suppress(OSError), socket.socket(family, kind, proto) as sock:
+            sock.bind((address[0], 0))
+            return True
+    return False
+
+
 def _config(
     nproc_per_node: int,
-    nnodes: int,
-    node_rank: int,
-    master_addr: Optional[str],
-    master_port: Optional[int],
     logs_specs: DefaultLogsSpecs,
     prefix: Optional[str],
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    max_restarts: int = 0,
+    min_nodes: Optional[int] = None,
+    rdzv_endpoint: Optional[str] = None,
+    rdzv_id: str = "polydist",
+    rdzv_conf: Optional[dict] = None,
+    local_addr: Optional[str] = None,
 ) -> LaunchConfig:
     _check_positive("nproc_per_node", nproc_per_node)
     _check_positive("nnodes", nnodes)
-    check_node_rank(node_rank, nnodes)
+    _check_count("max_restarts", max_restarts)
+    min_nodes = nnodes if min_nodes is None else _check_positive("min_nodes", min_nodes)
+    if min_nodes > nnodes:
+        raise ValueError(f"min_nodes {min_nodes} is larger than nnodes (the maximum) {nnodes}")
     common = dict(
-        min_nodes=nnodes,
+        min_nodes=min_nodes,
         max_nodes=nnodes,
         nproc_per_node=nproc_per_node,
-        max_restarts=0,
+        max_restarts=max_restarts,
         logs_specs=logs_specs,
         log_line_prefix_template=prefix,
         shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
     )
+    if rdzv_endpoint is not None or min_nodes < nnodes:
+        return _elastic_config(rdzv_endpoint, rdzv_id, dict(rdzv_conf or {}), local_addr, common)
+    check_node_rank(node_rank, nnodes)
     if nnodes == 1 and master_addr is None:
         port = master_port or 0  # 0: the store binds a free port chosen by the OS
         return _torch.launch_config(
@@ -101,6 +146,33 @@ def _config(
         rdzv_backend="static",
         rdzv_endpoint=f"{master_addr}:{master_port}",
         rdzv_configs={"rank": node_rank},
+        local_addr=local_addr,
+        **common,
+    )
+
+
+def _elastic_config(endpoint: Optional[str], run_id: str, conf: dict, local_addr: Optional[str], common: dict) -> LaunchConfig:
+    """torch's c10d rendezvous at ``endpoint`` (HOST:PORT): nodes may join and leave between restarts.
+
+    The node whose address ``endpoint`` names serves the rendezvous store
+    (unless ``conf`` says ``is_host``); node ranks are assigned by arrival.
+    """
+    host, sep, port = (endpoint or "").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"an elastic job (min_nodes {common['min_nodes']} < nnodes {common['max_nodes']}, or a rendezvous "
+            f"endpoint) needs rdzv_endpoint HOST:PORT, reachable from every node, got {endpoint!r}"
+        )
+    if not run_id:
+        raise ValueError(f"rdzv_id must be a non-empty string shared by the nodes of the job, got {run_id!r}")
+    host = host.strip("[]")  # [IPv6]:port
+    conf.setdefault("is_host", _is_local_address(host))
+    return _torch.launch_config(
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"{host}:{port}" if ":" not in host else f"[{host}]:{port}",
+        rdzv_configs=conf,
+        local_addr=local_addr,
         **common,
     )
 
@@ -110,34 +182,53 @@ def launch(
     args: Sequence[Any],
     nproc_per_node: int,
     *,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: Optional[str] = None,
-    master_port: Optional[int] = None,
     prefix_output: bool = False,
+    **job: Any,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` (a picklable function or an executable) in
     ``nproc_per_node`` processes on this node under PyTorch's elastic agent.
 
+    ``job``: ``nnodes``, ``node_rank``, ``master_addr``, ``master_port``
+    (multi-node, static rendezvous); ``max_restarts``; ``min_nodes``,
+    ``rdzv_endpoint``, ``rdzv_id``, ``rdzv_conf``, ``local_addr`` (elastic
+    membership over torch's c10d rendezvous when ``min_nodes`` < ``nnodes`` or
+    ``rdzv_endpoint`` is given; node ranks are then assigned, not given).
+
     Returns ``{global rank: return value}`` for this node's workers (None
     values for an executable). With ``prefix_output`` each output line is
-    prefixed ``[rankN]: ``. Raises :class:`WorkerFailedError` when a worker
-    fails (after the others were stopped), ``ValueError`` for bad sizes.
+    prefixed ``[rankN]: ``. When a worker fails and fewer than
+    ``max_restarts`` restarts were made, every worker is stopped and started
+    again (announced on stderr); otherwise raises :class:`WorkerFailedError`
+    (after the others were stopped). ``ValueError`` for bad sizes or
+    addresses.
     """
     with tempfile.TemporaryDirectory(prefix="polydist-logs-") as log_dir:
         tee = Std.ALL if prefix_output else Std.NONE
         specs = DefaultLogsSpecs(log_dir=log_dir, tee=tee)
-        cfg = _config(
-            nproc_per_node, nnodes, node_rank, master_addr, master_port, specs, RANK_PREFIX if prefix_output else None
-        )
+        cfg = _config(nproc_per_node, specs, RANK_PREFIX if prefix_output else None, **job)
+        nnodes = cfg.max_nodes
         agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
         agent_log.addFilter(_no_traceback)
         try:
-            return elastic_launch(cfg, entrypoint)(*args)
+            with _torch.restart_hook(lambda failures, done, most: _announce_restart(failures, done, most, nnodes)):
+                with _torch.fresh_worker_store(cfg.max_restarts > 0 or cfg.rdzv_backend == "c10d"):
+                    return elastic_launch(cfg, entrypoint)(*args)
         except ChildFailedError as exc:
-            raise _failure_report(exc, nnodes) from None
+            raise _failure_report(exc.failures, nnodes, cfg.max_restarts) from None
         finally:
             agent_log.removeFilter(_no_traceback)
+
+
+def _announce_restart(failures: Optional[dict], done: int, most: int, nnodes: int) -> None:
+    """Tell the launcher's stderr why every worker is being started again."""
+    if failures is not None:
+        announce(done, most, "\n".join(_failure_lines(failures, nnodes)[0]))
+        return
+    sys.stderr.write(
+        "polydist: a node joined the job: every worker restarts with the new membership "
+        f"(not counted as a restart; {most - done} of {most} left)\n"
+    )
+    sys.stderr.flush()
 
 
 def _no_traceback(record: logging.LogRecord) -> bool:
@@ -187,15 +278,15 @@ def _no_traceback_text(failure: Any) -> str:
     )
 
 
-def _failure_report(exc: ChildFailedError, nnodes: int = 1) -> WorkerFailedError:
-    """Name the rank that caused the failure and show its traceback.
+def _failure_lines(failures: dict, nnodes: int = 1) -> tuple[list, int]:
+    """The report of failed workers ``{global rank: ProcessFailure}``: its lines and the rank blamed.
 
     torch picks the earliest failure by a timestamp in whole seconds, so a
     rank that died of "connection closed by peer" can tie with, and be
     blamed for, the rank that really raised. Rank causes above consequences
     (peer-gone errors, ranks the agent stopped), then by time. In a
     multi-node job whose local failures are all consequences, the cause is on
-    another node: no local rank is blamed (``root_rank`` -1).
+    another node: no local rank is blamed (-1).
     """
 
     def peer_gone(f: Any) -> bool:
@@ -205,12 +296,12 @@ def _failure_report(exc: ChildFailedError, nnodes: int = 1) -> WorkerFailedError
         _, f = item
         return (peer_gone(f) or f.exitcode == -signal.SIGTERM, f.timestamp)
 
-    ordered = sorted(exc.failures.items(), key=consequence)
+    ordered = sorted(failures.items(), key=consequence)
     root_rank, root = ordered[0]
     if nnodes > 1 and consequence(ordered[0])[0] and any(peer_gone(f) for _, f in ordered):
         root_rank, rest = -1, ordered
         lines = [
-            f"no rank of this node failed on its own: ranks {sorted(exc.failures)} lost their connection to a "
+            f"no rank of this node failed on its own: ranks {sorted(failures)} lost their connection to a "
             "peer or were stopped; the rank that failed first is on another node (see that node's report)."
         ]
     else:
@@ -226,8 +317,16 @@ def _failure_report(exc: ChildFailedError, nnodes: int = 1) -> WorkerFailedError
         last = (lines_of or [""])[-1]
         last = last if len(last) <= 160 else last[:157] + "..."
         lines.append(f"rank {rank}: {_how(f.exitcode)}{': ' + last if last else ''}")
-    failures = {r: (f.exitcode, _traceback(f)) for r, f in exc.failures.items()}
-    return WorkerFailedError("\n".join(lines), failures, root_rank)
+    return lines, root_rank
+
+
+def _failure_report(failures: dict, nnodes: int = 1, max_restarts: int = 0) -> WorkerFailedError:
+    """The error a launcher raises for failed workers (:func:`_failure_lines`), after any restarts."""
+    lines, root_rank = _failure_lines(failures, nnodes)
+    if max_restarts:
+        lines.insert(0, exhausted(max_restarts))
+    details = {r: (f.exitcode, _traceback(f)) for r, f in failures.items()}
+    return WorkerFailedError("\n".join(lines), details, root_rank)
 
 
 def worker_setup() -> None:

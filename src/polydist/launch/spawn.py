@@ -55,6 +55,7 @@ def spawn(
     master_port: Optional[int] = None,
     init_method: Optional[str] = None,
     timeout: Optional[float] = None,
+    max_restarts: int = 0,
 ) -> list:
     """Start ``nproc_per_node`` processes on this node, each calling
     ``fn(local_rank, *args, **kwargs_dict)`` inside an initialized job.
@@ -75,19 +76,26 @@ def spawn(
             :class:`~polydist.CollectiveTimeoutError` naming the ranks that did
             not arrive, which fails the job. None: ``$POLYDIST_TIMEOUT``, else
             PyTorch's default.
+        max_restarts: when a process fails, stop the others and start every
+            process again, up to this many times (PyTorch elastic's restart,
+            as ``torchrun --max-restarts``). Each restart is announced on
+            stderr with the failed rank and its traceback; ``fn`` runs again
+            from the start and reads :func:`polydist.restart_count`
+            (resume with :class:`polydist.Checkpointer`). 0: fail at once.
 
     Returns:
         The return values of ``fn`` on this node, by local rank.
 
     Raises:
-        WorkerFailedError: a process raised, exited non-zero or died; the
+        WorkerFailedError: a process raised, exited non-zero or died (and
+            the ``max_restarts`` restarts were all made); the
             others were stopped (SIGTERM, then SIGKILL after 5 s); the message
             names the failed ranks and shows their tracebacks (for
             ``sys.exit(n)``, where it was called). On a 2-vCPU machine it is
             raised 0.1 s (a killed rank) to 0.8 s (a rank that raised) after
             the failure (``benchmarks/failure_latency.py``).
         ValueError: an unknown or unavailable ``backend`` (e.g. "horovod",
-            "nccl" without CUDA), bad sizes, or multi-node without master
+            "nccl" without CUDA), bad sizes or ``max_restarts``, or multi-node without master
             address/port — all before any process starts.
 
     With backend "horovod" the processes are Horovod's: ``horovod.run``
@@ -101,6 +109,11 @@ def spawn(
     resolved = join.resolve_backend(backend)  # an unknown or unavailable backend fails here, before any process starts
     init = {"init_method": init_method, "timeout": timeout}
     if resolved == "horovod":
+        if max_restarts:  # horovod.run starts the processes, not the elastic agent
+            raise ValueError(
+                f"max_restarts={max_restarts!r}: spawn with backend 'horovod' cannot restart its processes "
+                "(horovod.run starts them); use horovodrun's elastic mode"
+            )
         return spawn_horovod(fn, args, dict(kwargs_dict or {}), nproc_per_node, nnodes, init)
     with job_trace_dir(settings.TRACE_DIR.read(), "polydist.spawn") as trace_dir:
         results = launch(
@@ -111,6 +124,7 @@ def spawn(
             node_rank=node_rank,
             master_addr=master_addr,
             master_port=master_port,
+            max_restarts=max_restarts,
         )
     return [results[rank] for rank in sorted(results)]
 
