@@ -238,7 +238,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.checkpoint:
         settings = {name: getattr(args, name) for name in RESUME_SETTINGS}
         checkpointer = pdist.Checkpointer(args.checkpoint, model=net, optimizer=optimizer, settings=settings)
-    restarts = pdist.restart_count()
+    # Each node's agent counts its own restarts (a node that joined later says 0): agree before resuming,
+    # a collective that every rank must call alike.
+    restarts = pdist.all_reduce(pdist.restart_count(), op="MAX")
     resume = checkpointer is not None and (args.resume or restarts > 0)
     start_epoch = checkpointer.resume() if resume else 0
     if args.ddp:

@@ -14,6 +14,7 @@ still inside them and deletes them (the veth pair goes with them).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 _CAP_NET_ADMIN = 12
@@ -155,6 +156,26 @@ class TwoHosts:
             os.rmdir(_ETC_NETNS)  # only when empty: ours alone
         except OSError:
             pass
+
+
+@contextlib.contextmanager
+def two_hosts(prefix: str, salt: int = 0) -> Iterator[TwoHosts]:
+    """Two hosts for a test module (a pytest fixture's body), named from this process so that concurrent
+    sessions and modules differ; torn down (processes inside killed, namespaces deleted) even when a test
+    fails. Skips the tests where namespaces cannot be built."""
+    import pytest
+
+    pid = os.getpid()
+    two = TwoHosts(tag=f"{prefix}{pid % 100000}", octet=(pid + salt) % 250 + 1)
+    try:
+        two.setup()
+    except Unavailable as exc:
+        two.close()
+        pytest.skip(f"two network namespaces cannot be built here: {exc}")
+    try:
+        yield two
+    finally:
+        two.close()
 
 
 @dataclass

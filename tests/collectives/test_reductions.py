@@ -256,6 +256,20 @@ def test_all_reduce_list_coalesced_mixed_dtypes(world4):
         assert maxed == [[3, 0], [3.0]]
 
 
+def _all_reduce_one_tensor_list():
+    t = torch.full((3,), float(pd.get_rank() + 1))
+    as_list, as_tuple = [t], (t.clone(),)
+    out_list, out_tuple = pd.all_reduce(as_list), pd.all_reduce(as_tuple)
+    return out_list is as_list, out_tuple is as_tuple, t.tolist(), as_tuple[0].tolist()
+
+
+def test_all_reduce_returns_the_one_tensor_list_it_was_given(world3):
+    """A list or tuple of one tensor comes back as itself, reduced in place (MPI's direct path returned the
+    tensor: found by benchmarks/soak.py)."""
+    for is_list, is_tuple, reduced, reduced_in_tuple in world3.run(_all_reduce_one_tensor_list):
+        assert is_list and is_tuple and reduced == reduced_in_tuple == [6.0] * 3
+
+
 # ------------------------------------------------------------ async_op=True
 
 

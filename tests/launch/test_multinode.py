@@ -28,7 +28,7 @@ import textwrap
 import pytest
 import torch
 
-from _netns import Together, TwoHosts, Unavailable
+from _netns import Together, two_hosts
 from conftest import ROOT
 
 EXAMPLE = os.path.join(ROOT, "examples", "train_digits.py")
@@ -41,18 +41,8 @@ PORT_RUN, PORT_PARALLEL, PORT_FAILING = 29500, 29501, 29502
 
 @pytest.fixture(scope="module")
 def net():
-    """Two hosts; torn down (processes inside killed, namespaces deleted) even when a test fails."""
-    pid = os.getpid()
-    two = TwoHosts(tag=f"pd{pid % 100000}", octet=pid % 250 + 1)
-    try:
-        two.setup()
-    except Unavailable as exc:
-        two.close()
-        pytest.skip(f"two network namespaces cannot be built here: {exc}")
-    try:
+    with two_hosts("pd", 0) as two:
         yield two
-    finally:
-        two.close()
 
 
 def _env(base, **extra):

@@ -156,7 +156,8 @@ def _all_reduce_fingerprint(tensor: Any, name: str, tensors: Any) -> tuple:
 def _all_reduce_body(res: Resolved, tensor: Any, name: str, tensors: Any, async_op: bool) -> Any:
     direct = res.direct
     if direct is not None and tensors is not None and len(tensors) == 1 and not async_op:
-        return direct.allreduce_tensor(tensors[0], name)  # mpi4py: its blocking allreduce, minus torch's dispatch
+        direct.allreduce_tensor(tensors[0], name)  # mpi4py: its blocking allreduce, minus torch's dispatch
+        return tensor  # what the caller passed: the tensor, or its one-tensor list or tuple
     if tensors is None:
         return done(all_reduce_value(tensor, name, res), async_op)
     red, divide = _op(name, res)

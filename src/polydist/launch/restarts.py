@@ -32,6 +32,11 @@ def restart_count(env: Optional[Mapping[str, str]] = None) -> int:
     without counting). Under ``polydist run --backend mpi --max-restarts``
     it is ``$POLYDIST_RESTART_COUNT``. Elsewhere 0.
 
+    Each node's agent counts its own restarts, so after a membership change
+    the nodes disagree (a node that joined later says 0): before deciding
+    something collective on it, such as whether to resume, agree with
+    ``all_reduce(restart_count(), op="MAX")``.
+
     Raises:
         ValueError: the variable is set but not a non-negative integer, naming it.
     """
