@@ -128,9 +128,10 @@ class Checkpointer:
             (an LR scheduler, a sampler...), saved under their keyword.
 
     The state must be replicated (the same on every rank). torch's CPU RNG
-    state is saved and restored too. Source: the atomic-save recipe of
-    ``torch.distributed.elastic``'s documentation ("checkpoint ... so that
-    a restarted job resumes"), made independent of a shared file system.
+    state is saved and restored too. Source: the pattern torchrun's
+    documentation asks of a train script that may be restarted (load the
+    latest checkpoint at start, save periodically), with atomic saves and
+    without a shared file system.
     """
 
     def __init__(
