@@ -199,6 +199,8 @@ def group_kwargs(
         # An elastic agent that does not share its store (polydist's restartable jobs) leaves rank 0
         # to serve one; torch's env:// would listen on every interface, this listens on loopback only.
         group_kwargs["_loopback_port"] = info.master_port
+    elif info.master_addr and info.master_port and _restart_on_shared_store():
+        group_kwargs["_attempt"] = (info.master_addr, info.master_port, _restart_on_shared_store())
     elif info.master_addr and info.master_port:
         exported = os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
         # env:// when the launcher exported the address (torchrun's agent may already host the
@@ -218,6 +220,21 @@ def group_kwargs(
     if name == "nccl" and info.local_rank is not None:
         torch.cuda.set_device(info.local_rank)
     return group_kwargs
+
+
+def _restart_on_shared_store() -> int:
+    """The restart count of a restarted elastic worker that meets on its agent's shared store (torchrun's); else 0.
+
+    That store outlives each generation of workers, and torch's env://
+    rendezvous no longer prefixes its keys by attempt, so a restarted
+    generation reads its predecessors' gloo addresses and fails with
+    "Connection refused" (torchrun --max-restarts, torch 2.13). polydist
+    prefixes the keys by attempt, as torch did before.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return 0
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    return int(count) if count.isdigit() else 0
 
 
 def _serves_loopback_store(info: ProcessInfo) -> bool:
@@ -264,6 +281,12 @@ def create(group_kwargs: dict, info: ProcessInfo) -> Optional[timedelta]:
     """Create the default group from :func:`group_kwargs`; return the collective timeout it applied."""
     td = group_kwargs.pop("_collective_timeout", None)
     port = group_kwargs.pop("_loopback_port", None)
+    attempt = group_kwargs.pop("_attempt", None)
+    if attempt is not None:  # the agent's store, keys prefixed by attempt (_restart_on_shared_store)
+        host, master_port, count = attempt
+        wait = group_kwargs.get("timeout", JOIN_TIMEOUT_FLOOR)
+        client = dist.TCPStore(host, master_port, group_kwargs["world_size"], is_master=False, timeout=wait)
+        group_kwargs["store"] = dist.PrefixStore(f"/polydist/attempt_{count}", client)
     if port is not None:  # rank 0 serves the store on loopback only, the others connect to it
         wait = group_kwargs.get("timeout", JOIN_TIMEOUT_FLOOR)
         size = group_kwargs["world_size"]

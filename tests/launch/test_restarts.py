@@ -2,6 +2,7 @@
 and the launcher options of elastic jobs. The main job's restart after a SIGKILL is in
 tests/training/test_checkpoint.py; elastic membership across hosts in tests/launch/test_elastic.py."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -161,3 +162,35 @@ def test_polydist_run_mpi_refuses_elastic_options(cli_env, tmp_path):
            "127.0.0.1:29400", str(script)]
     done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--backend mpi starts the ranks of one node with mpiexec" in done.stderr
+
+
+# ------------------------------------------------------------ torchrun --max-restarts
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_torchrun_restarts_reach_a_working_group(cli_env, tmp_path):
+    """torchrun's agent shares one store with every generation of workers and torch's env:// no longer
+    prefixes keys by attempt, so restarted gloo workers read their predecessors' addresses ("Connection
+    refused", torch 2.13). polydist prefixes them by attempt: each restart meets cleanly."""
+    script = tmp_path / "flaky.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import torch
+        import polydist as pd
+        pd.initialize()
+        count = pd.restart_count()
+        total = pd.all_reduce(torch.ones(1)).item()
+        if pd.get_rank() == 1 and count < 2:
+            sys.exit(3)
+        pd.barrier()  # rank 0 of a failed attempt stops here
+        with open(sys.argv[1] + f"/attempt{count}_rank{pd.get_rank()}_sum{total:g}", "w"):
+            pass
+        pd.finalize()
+    """))
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    (tmp_path / "out").mkdir()
+    cmd = [torchrun, "--nproc-per-node", "2", "--max-restarts", "3", str(script), str(tmp_path / "out")]
+    done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Connection refused" not in done.stderr, done.stderr
+    assert sorted(os.listdir(tmp_path / "out")) == ["attempt2_rank0_sum2", "attempt2_rank1_sum2"]

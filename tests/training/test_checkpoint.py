@@ -11,12 +11,16 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
 from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from fault import descendants, worker_pid  # noqa: E402  (the fault benchmark's: a job's processes in /proc)
 from polydist import Checkpointer
 from polydist.checkpoint import save_atomic
 
@@ -138,25 +142,6 @@ def test_resume_serial_checkpoint_on_two_ranks(serial_hand, cli_env, tmp_path):
     assert abs(_accuracy(out) - _accuracy(serial_hand[0])) <= 0.01
 
 
-def _job_pids(pid: int) -> list:
-    """``pid`` and all its descendants (the launcher's workers run in sessions of their own)."""
-    children: dict = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    pids, todo = [pid], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        pids += kids
-        todo += kids
-    return pids
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the job's processes in /proc")
 @pytest.mark.timeout(3 * RUN_TIMEOUT_S + 30)
 def test_sigkill_mid_epoch_then_resume(two_ranks_ddp, cli_env, tmp_path):
@@ -172,7 +157,7 @@ def test_sigkill_mid_epoch_then_resume(two_ranks_ddp, cli_env, tmp_path):
             if os.path.exists(path):
                 seen = _epoch(path)
             time.sleep(0.01)
-        for pid in _job_pids(job.pid):
+        for pid in descendants(job.pid):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -193,19 +178,6 @@ def test_sigkill_mid_epoch_then_resume(two_ranks_ddp, cli_env, tmp_path):
     assert _accuracy(out) == _accuracy(two_ranks_ddp[0]) and _max_difference(path, two_ranks_ddp[1]) == 0.0
 
 
-def _worker_of_rank(launcher_pid: int, rank: int) -> int:
-    """The pid of the worker with global rank ``rank`` among the launcher's descendants (from their environment)."""
-    for pid in _job_pids(launcher_pid)[1:]:
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in env and any(v.startswith(b"TORCHELASTIC_RUN_ID=") for v in env):
-            return pid
-    raise AssertionError(f"no worker of rank {rank} under pid {launcher_pid}")
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the job's processes in /proc")
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 30)
 def test_max_restarts_survives_a_rank_sigkilled_mid_run(two_ranks_ddp, cli_env, tmp_path):
@@ -222,7 +194,9 @@ def test_max_restarts_survives_a_rank_sigkilled_mid_run(two_ranks_ddp, cli_env, 
         while not (os.path.exists(path) and _epoch(path) >= 2):
             assert job.poll() is None and time.monotonic() < deadline, "the job ended before epoch 2 was saved"
             time.sleep(0.01)
-        os.kill(_worker_of_rank(job.pid, 1), signal.SIGKILL)
+        victim = worker_pid(job.pid, rank=1, run=0)
+        assert victim is not None, "no worker of rank 1 found"
+        os.kill(victim, signal.SIGKILL)
         killed_after = _epoch(path)
         out, err = job.communicate(timeout=RUN_TIMEOUT_S)
     finally:
