@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test fuzz setup docs docs-setup horovod test-horovod clean
+.PHONY: demo test fuzz setup docs docs-setup horovod test-horovod mpi-runtimes test-openmpi test-impi clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/polydist run --nproc-per-node 2 examples/train_digits.py
 
-test: $(STAMP)
+# The whole suite, with the MPI smoke tests also under Open MPI and Intel MPI (tests/backends/test_mpi_runtimes.py).
+test: $(STAMP) mpi-runtimes
 	$(BIN)/python -m pytest
 
 # The codec fuzz tests with a long budget (50,000 examples per property, about 5 minutes; make test runs 150).
@@ -40,6 +41,20 @@ horovod: $(STAMP)
 # make test skips them.
 test-horovod: horovod
 	POLYDIST_TEST_BACKENDS=horovod $(BIN)/python -m pytest -p no:cacheprovider -k horovod tests
+
+# Open MPI and Intel MPI beside the venv's MPICH: each in a venv of its own under $(VENV)/mpi that sees the main
+# venv's packages (tools/mpi_runtime.sh; a few seconds each once the wheels are downloaded, impi-rt is 130 MB).
+RUNTIME_STAMP = $(VENV)/mpi/$(1)/.installed
+
+$(VENV)/mpi/%/.installed: $(STAMP) tools/mpi_runtime.sh
+	tools/mpi_runtime.sh $(BIN)/python $* $(VENV)/mpi/$*
+
+mpi-runtimes: $(call RUNTIME_STAMP,openmpi) $(call RUNTIME_STAMP,impi)
+
+# Every MPI test under Open MPI or Intel MPI: the world tests on MPI worlds and every test named for MPI,
+# run by the runtime's Python, whose mpiexec and libmpi they then use (about 5 minutes each).
+test-openmpi test-impi: test-%: $(call RUNTIME_STAMP,%)
+	POLYDIST_TEST_BACKENDS=mpi $(VENV)/mpi/$*/bin/python -m pytest -p no:cacheprovider -k mpi tests
 
 # The documentation site (mkdocs.yml, docs/): the docs extra and Debian's chromium + chromedriver for the
 # browser check (tests/docs/test_site.py, which make test also runs, skipping it where they are missing).

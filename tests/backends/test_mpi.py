@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _world import mpiexec
+from _world import mpi_job_env, mpiexec
 from conftest import ROOT, _mpi_missing
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.skipif(bool(_mpi_missing()), reason=_mpi_missing() or "-")]
@@ -65,6 +65,7 @@ def _reductions():
     return out
 
 
+@pytest.mark.mpi_smoke
 def test_torch_reductions(mpi_world3):
     n = 3
     for r, out in enumerate(mpi_world3.run(_reductions)):
@@ -135,6 +136,7 @@ def _movement():
     return out
 
 
+@pytest.mark.mpi_smoke
 def test_torch_data_movement(mpi_world3):
     n = 3
     for r, out in enumerate(mpi_world3.run(_movement)):
@@ -183,6 +185,8 @@ def _p2p():
         out["any"] = anywhere.item()
     elif r == 0:
         dist.send(torch.tensor([42.0]), 2)
+    # Rank 1's ring message below would match that any-source recv as well (same tag): Open MPI delivers it first.
+    dist.barrier()
     # batch_isend_irecv ring
     send, recv = torch.tensor([float(r)]), torch.empty(1)
     ops = [dist.P2POp(dist.isend, send, (r + 1) % n), dist.P2POp(dist.irecv, recv, (r - 1) % n)]
@@ -196,6 +200,7 @@ def _p2p():
     return out
 
 
+@pytest.mark.mpi_smoke
 def test_p2p_nonblocking_and_futures(mpi_world3):
     n = 3
     for r, out in enumerate(mpi_world3.run(_p2p)):
@@ -402,7 +407,7 @@ def test_cuda_tensor_rejected(mpi_world3):  # pragma: no cover - CI has no GPU
 
 
 def _mpi_env(cli_env):
-    env = {k: v for k, v in cli_env.items() if not k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "POLYDIST_"))}
+    env = {k: v for k, v in mpi_job_env(cli_env).items() if not k.startswith("POLYDIST_")}
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -454,6 +459,7 @@ def test_gloo_under_mpiexec_needs_no_master_address(cli_env):
     assert out.stdout.count("sum 3 gloo") == 2
 
 
+@pytest.mark.mpi_smoke
 def test_uncaught_exception_aborts_the_mpi_job(cli_env):
     code = """
         import time, polydist
@@ -496,6 +502,7 @@ def _polydist_run(script, args, env):
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=90, cwd=ROOT)
 
 
+@pytest.mark.mpi_smoke
 def test_polydist_run_backend_mpi(script, cli_env):
     out = _polydist_run(script, [], _mpi_env(cli_env))
     assert out.returncode == 0, out.stderr
@@ -504,6 +511,7 @@ def test_polydist_run_backend_mpi(script, cli_env):
     assert sorted(line for line in lines if "total" in line) == ["[rank0]: total 3", "[rank1]: total 3"]
 
 
+@pytest.mark.mpi_smoke
 @pytest.mark.parametrize("how", ["raise", "exit"])
 def test_polydist_run_backend_mpi_reports_the_failing_rank(script, cli_env, how):
     start = time.monotonic()

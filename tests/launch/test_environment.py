@@ -10,6 +10,7 @@ import pytest
 
 from polydist import cli, environment
 from polydist.environment import ProcessInfo, detect, expand_nodelist, slurm_port
+from _world import mpi_flavor, mpi_job_env
 
 BIN = os.path.dirname(sys.executable)
 ENVIRONMENT_PY = os.path.abspath(environment.__file__)
@@ -331,8 +332,8 @@ with open(os.path.join(sys.argv[2], f"{os.getpid()}.json"), "w") as f:  # a file
 
 @pytest.fixture
 def clean_env(cli_env):
-    """cli_env without any launcher's variables inherited from wherever pytest runs."""
-    return {k: v for k, v in cli_env.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    """cli_env without any launcher's variables inherited from wherever pytest runs (Open MPI: allowed as root)."""
+    return mpi_job_env({k: v for k, v in cli_env.items() if not k.startswith(LAUNCHER_PREFIXES)})
 
 
 @pytest.fixture
@@ -358,13 +359,16 @@ def _launcher(name):
     return path
 
 
+@pytest.mark.mpi_smoke
 @pytest.mark.timeout(120)
-def test_real_mpiexec_hydra(clean_env, probe):
+def test_real_mpiexec(clean_env, probe):
+    """MPICH's or Intel MPI's Hydra (PMI_*, I_MPI_*), or Open MPI (OMPI_COMM_WORLD_*, PMIX_*), as make test-* installs."""
     code = ("import dataclasses, json, os, sys; from polydist.environment import detect; "  # as users import it
             "json.dump(dataclasses.asdict(detect()), open(os.path.join(sys.argv[1], f'{os.getpid()}.json'), 'w'))")
     records = _records([_launcher("mpiexec"), "-n", "2", sys.executable, "-c", code, probe[-1]], clean_env, 2)
+    assert mpi_flavor() in ("mpich", "openmpi", "intelmpi")
     for rank, r in enumerate(records):
-        assert (r["launcher"], r["mpi_flavor"], r["rank"], r["world_size"]) == ("mpi", "mpich", rank, 2)
+        assert (r["launcher"], r["mpi_flavor"], r["rank"], r["world_size"]) == ("mpi", mpi_flavor(), rank, 2)
         assert (r["local_rank"], r["local_world_size"], r["node_rank"], r["nnodes"]) == (rank, 2, 0, 1)
         assert r["master_addr"] is None and r["master_port"] is None
 
@@ -408,9 +412,11 @@ def test_polydist_info_serial_and_on_contradictions(bare_environ, capsys):
     assert cli.main(["info"]) == 1 and "RANK='x'" in capsys.readouterr().err
 
 
+@pytest.mark.mpi_smoke
 @pytest.mark.timeout(120)
 def test_real_polydist_info_under_mpiexec(clean_env):
     cmd = [_launcher("mpiexec"), "-n", "2", os.path.join(BIN, "polydist"), "info"]
     out = subprocess.run(cmd, env=clean_env, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("mpich") == 2 and out.stdout.count("(PMI_RANK)") == 2
+    rank_variable = "OMPI_COMM_WORLD_RANK" if mpi_flavor() == "openmpi" else "PMI_RANK"
+    assert out.stdout.count(mpi_flavor()) == 2 and out.stdout.count(f"({rank_variable})") == 2

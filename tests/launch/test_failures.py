@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 import polydist as pd
-from _world import mpiexec
+from _world import mpi_flavor, mpi_job_env, mpiexec
 from conftest import ROOT, _mpi_missing
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,7 +46,7 @@ def _run(command, env, timeout=90):
 
 
 def _mpi_env(cli_env):
-    env = {k: v for k, v in cli_env.items() if not k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "POLYDIST_"))}
+    env = {k: v for k, v in mpi_job_env(cli_env).items() if not k.startswith("POLYDIST_")}
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -109,6 +110,10 @@ def test_plain_mpiexec_ends_job(cli_env, tmp_path, how):
             pytest.xfail("mpiexec dropped the aborting rank's output")
         assert "polydist: rank 2 raised an uncaught exception; aborting the MPI job" in out.stderr
         assert "RuntimeError: deliberate failure on rank 2" in out.stderr
+    elif mpi_flavor() == "openmpi":  # Open MPI ends the others and names the rank it lost, on stderr
+        assert re.search(r"process rank 2 with PID \d+ on node \S+ exited on\s+signal 9 \(Killed\)", out.stderr)
+    elif mpi_flavor() == "intelmpi":  # Intel MPI's Hydra lists the ranks it ended itself, not the lost one
+        assert "BAD TERMINATION" in out.stdout and "KILLED BY SIGNAL: 9 (Killed)" in out.stdout
     else:  # Hydra ends the others and names the process it lost (by pid: polydist is not the launcher)
         assert "BAD TERMINATION" in out.stdout and "Killed (signal 9)" in out.stdout
     assert elapsed < LIMIT_S
@@ -338,9 +343,15 @@ def test_killed_mpi_rank_named(tmp_path):
     # Hydra names any process it stopped; the rank whose process ended first is the one that failed.
     error = mpx._failure_report(str(tmp_path), 9, hydra, first=[0])
     assert error.root_rank == 0 and str(error).startswith("rank 0 (pid 4100 on node7) failed first; mpiexec")
-    ompi = "mpirun noticed that process rank 3 with PID 77 on node b2 exited on signal 9 (Killed).\n"
-    error = mpx._failure_report(str(tmp_path), 137, ompi)
-    assert error.root_rank == 3 and "rank 3 (pid 77 on b2) failed first: signal 9 (Killed);" in str(error)
+    for ompi in ("mpirun noticed that process rank 3 with PID 77 on node b2 exited on signal 9 (Killed).\n",
+                 "-----\nprterun noticed that process rank 3 with PID 77 on node b2 exited on\nsignal 9 (Killed).\n-----\n"):
+        error = mpx._failure_report(str(tmp_path), 137, ompi)  # Open MPI 4, then 5 (its line breaks)
+        assert error.root_rank == 3 and "rank 3 (pid 77 on b2) failed first: signal 9 (Killed);" in str(error)
+    # Intel MPI's Hydra reports every rank it lost, by rank: how the one that ended first ended.
+    impi = "".join(f"=   RANK {r} PID {4100 + r} RUNNING AT vm\n=   KILLED BY SIGNAL: 9 (Killed)\n" for r in (0, 1))
+    error = mpx._failure_report(str(tmp_path), 137, impi, first=[1])
+    assert error.root_rank == 1 and str(error).startswith("rank 1 (pid 4101 on vm) failed first: signal 9 (Killed);")
+    assert mpx._failure_report(str(tmp_path), 137, impi).root_rank == -1  # no rank known to have ended first
     error = mpx._failure_report(str(tmp_path), 1, "no report\n")
     assert error.root_rank == -1 and "mpiexec exited with code 1" in str(error)
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import polydist as pd
+from _world import mpi_job_env
 from conftest import _mpi_missing
 from polydist.bench.units import busbw_factor
 from polydist.collectives.recorder import RECORDER
@@ -297,7 +298,7 @@ pd.finalize()
 def _job(tmp_path, cli_env, how, backend="gloo"):
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    env = {k: v for k, v in cli_env.items() if not k.startswith(("PMI_", "OMPI_", "MPI_LOCAL", "POLYDIST_"))}
+    env = {k: v for k, v in mpi_job_env(cli_env).items() if not k.startswith("POLYDIST_")}  # Open MPI: as root too
     env["POLYDIST_TIMEOUT"] = "60"
     command = ["polydist", "run", "--nproc-per-node", "3", "--backend", backend, "--profile-comms", str(script), how]
     began = time.monotonic()

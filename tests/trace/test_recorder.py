@@ -154,3 +154,18 @@ def test_bad_buffer_size_falls_back_to_the_default(monkeypatch, capsys):
     monkeypatch.setenv("POLYDIST_TRACE", "0")
     ring = recorder._from_env()
     assert (ring.size, ring.on) == (7, False)
+
+
+def test_sigusr1_is_an_exit_notice_only_under_mpichs_hydra(monkeypatch, tmp_path):
+    """Under `polydist run --backend mpi`, MPICH's Hydra sends SIGUSR1 to the survivors when a rank exits, which
+    must not be taken for a dump request once a rank finished; Intel MPI's Hydra sends none (measured), so
+    there a SIGUSR1 always asks for a dump. polydist.launch.mpiexec marks the job folder when notices come."""
+    from polydist.trace import dump
+
+    monkeypatch.setenv("POLYDIST_FAILURE_DIR", str(tmp_path))
+    (tmp_path / "rank2.done").touch()  # a rank finished its script
+    assert not dump._hydra_notice()  # no marker: Intel MPI, Open MPI
+    (tmp_path / dump.EXIT_NOTICES).touch()
+    assert dump._hydra_notice()  # MPICH's Hydra: a notice, not a request
+    (tmp_path / "dumps-requested").touch()
+    assert not dump._hydra_notice()  # polydist asked for the dumps itself

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from _world import mpi_flavor, mpi_job_env
 from conftest import ROOT, _mpi_missing
 
 pytestmark = pytest.mark.timeout(150)
@@ -38,7 +39,7 @@ def _line(marker: str) -> int:
 
 
 def _env(cli_env, folder) -> dict:
-    env = {k: v for k, v in cli_env.items() if not k.startswith(("PMI_", "OMPI_", "POLYDIST_"))}
+    env = {k: v for k, v in mpi_job_env(cli_env).items() if not k.startswith("POLYDIST_")}  # Open MPI: as root too
     env.update(SCENARIO_DIR=str(folder), PYTHONUNBUFFERED="1")
     return env
 
@@ -184,6 +185,9 @@ def test_rank_that_raises_dumps_its_error_and_the_others_theirs(backend, tmp_pat
     ],
 )
 def test_first_disagreement_is_named(mode, odd, called, backend, tmp_path, cli_env):
+    if backend == "mpi" and mpi_flavor() == "intelmpi":
+        pytest.skip("Intel MPI completes rank 2's barrier against the others' all_reduce (MPI leaves mismatched "
+                    "collectives undefined): rank 2 finishes its script instead of hanging, and dumps nothing")
     def then(job, folder, trace_dir):
         if backend == "mpi":
             _signal_dumps(folder, trace_dir)

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from _world import mpi_job_env
+from conftest import ROOT, _mpi_missing
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -57,8 +58,20 @@ def test_batch_size_not_divisible_fails_cleanly(cli_env):
 def test_mpi_backend_reaches_the_same_accuracy(two_ranks, cli_env):
     """Issue 4: `--backend mpi` (mpi4py on this stock wheel, under mpiexec) trains the same model as gloo."""
     out = subprocess.run(["polydist", "run", "--backend", "mpi", "--nproc-per-node", "2", EXAMPLE, *SMALL],
-                         env=cli_env, capture_output=True, text=True, timeout=200)
+                         env=mpi_job_env(cli_env), capture_output=True, text=True, timeout=200)
     assert out.returncode == 0, out.stderr
     assert "world size 2, backend mpi4py" in out.stdout
     assert "[rank0]: parameters identical on all 2 ranks" in out.stdout
     assert _accuracy(out.stdout) == _accuracy(two_ranks)
+
+
+@pytest.mark.mpi_smoke
+@pytest.mark.skipif(bool(_mpi_missing()), reason=_mpi_missing() or "-")
+def test_main_job_on_mpi(cli_env):
+    """make demo's job on `--backend mpi`, under the MPI beside this Python (MPICH; Open MPI, Intel MPI in their runs)."""
+    out = subprocess.run(["polydist", "run", "--backend", "mpi", "--nproc-per-node", "2", EXAMPLE],
+                         env=mpi_job_env(cli_env), capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stderr
+    assert "world size 2, backend mpi4py" in out.stdout
+    assert "[rank0]: final test accuracy: 0.9694" in out.stdout  # as make demo's gloo run
+    assert "[rank0]: parameters identical on all 2 ranks" in out.stdout

@@ -14,6 +14,9 @@ it (Linux), and takes its ranks down. Before a job ends on a failure, the
 other ranks write their flight-recorder dumps (:mod:`polydist.trace.dump`): a
 rank that raises asks them before ``MPI_Abort``; under Hydra, started with
 ``-disable-auto-cleanup``, :func:`run` asks them when a rank dies, then ends them.
+Open MPI's ``mpiexec`` is told to place the ranks in order and to oversubscribe
+(see :func:`run`); running it as root is left to the user's
+``OMPI_ALLOW_RUN_AS_ROOT``/``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import codecs
 import os
 import re
 import select
+import selectors
 import shutil
 import signal
 import subprocess
@@ -31,6 +35,7 @@ import threading
 from typing import Mapping, Optional, Sequence, TextIO
 
 from ..settings import FAILURE_DIR
+from ..trace.dump import EXIT_NOTICES
 from ..errors import WorkerFailedError
 
 __all__ = ["find", "run", "prefix_output", "record_pid", "mark_done", "pids"]
@@ -72,13 +77,22 @@ def run(argv: Sequence[str], nproc: int, *, env: Optional[Mapping[str, str]] = N
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
     launcher = find()
-    # Hydra (MPICH's mpiexec) SIGKILLs every rank the moment one dies; told not to, it lets
-    # polydist ask the survivors for their flight-recorder dumps and end them itself.
-    ends_ranks = _is_hydra(launcher) and _pidfds_work()
-    command = [launcher, *(["-disable-auto-cleanup"] if ends_ranks else []), "-n", str(nproc), *argv]
+    flavor = _flavor(launcher)
+    # Hydra (MPICH's and Intel MPI's mpiexec) SIGKILLs every rank the moment one dies; told not to,
+    # it lets polydist ask the survivors for their flight-recorder dumps and end them itself.
+    ends_ranks = flavor in ("mpich", "intelmpi") and _pidfds_work()
+    options = ["-disable-auto-cleanup"] if ends_ranks else []
+    if flavor == "openmpi":
+        # Open MPI refuses more ranks than cores, and by default numbers the ranks of a node in the order
+        # it spreads them over cores (rank 1 can get local rank 2): --nproc-per-node is the user's choice,
+        # and ranks in order make local rank = rank on one node, as under Hydra and torchrun.
+        options = ["--map-by", "slot:OVERSUBSCRIBE"]
+    command = [launcher, *options, "-n", str(nproc), *argv]
     with tempfile.TemporaryDirectory(prefix="polydist-mpi-") as failures:
         child_env = dict(os.environ if env is None else env)
         child_env[FAILURE_DIR.name] = failures
+        if ends_ranks and flavor == "mpich":  # only MPICH's Hydra then signals the survivors of an exit (SIGUSR1)
+            open(os.path.join(failures, EXIT_NOTICES), "w").close()
         watch = _EndWatch(failures, nproc, ends_ranks)
         watch.start()
         try:
@@ -89,13 +103,17 @@ def run(argv: Sequence[str], nproc: int, *, env: Optional[Mapping[str, str]] = N
             raise _failure_report(failures, code, tail, watch.first_failed())
 
 
-def _is_hydra(launcher: str) -> bool:
-    """Whether ``launcher`` is Hydra (MPICH's or Intel MPI's mpiexec), from its ``--version``."""
+def _flavor(launcher: str) -> str:
+    """Which mpiexec ``launcher`` is, from its ``--version``: "mpich", "intelmpi" (both Hydra), "openmpi" or ""."""
     try:
         out = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
-        return False
-    return "HYDRA" in out
+        return ""
+    if "Open MPI" in out:
+        return "openmpi"
+    if "Intel(R) MPI" in out:  # its Hydra names itself only: "Intel(R) MPI Library for Linux* OS, Version ..."
+        return "intelmpi"
+    return "mpich" if "HYDRA" in out else ""
 
 
 def _pidfds_work() -> bool:
@@ -108,25 +126,46 @@ def _pidfds_work() -> bool:
 
 
 def _call(command: list, env: dict) -> tuple[int, str]:
-    """Run ``command``, copying its stdout through; return its exit code and the last 16 KiB of that stdout.
+    """Run ``command``, copying its stdout and stderr through; return its exit code and the last 16 KiB of both.
 
-    Hydra prints its report of a rank that died on stdout, mixed with the ranks' output.
+    mpiexec prints its report of a rank that died mixed with the ranks' output: Hydra on stdout, Open MPI
+    on stderr.
     """
     from .elastic import death_signal_setter
 
-    out = getattr(sys.stdout, "buffer", None)
-    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     tail = b""
-    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, preexec_fn=death_signal_setter()) as proc:
-        assert proc.stdout is not None
-        for chunk in iter(lambda: os.read(proc.stdout.fileno(), 65536), b""):
-            if out is not None:
-                out.write(chunk)
-            else:  # a text-only stream (captured, redirected)
-                sys.stdout.write(text.decode(chunk))
-            sys.stdout.flush()
-            tail = (tail + chunk)[-16384:]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          preexec_fn=death_signal_setter()) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        streams = selectors.DefaultSelector()
+        for pipe, copy in ((proc.stdout, _Copy(sys.stdout)), (proc.stderr, _Copy(sys.stderr))):
+            streams.register(pipe.fileno(), selectors.EVENT_READ, copy)
+        while streams.get_map():
+            for key, _ in streams.select():
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    streams.unregister(key.fd)
+                    continue
+                key.data.write(chunk)
+                tail = (tail + chunk)[-16384:]
+        streams.close()
     return proc.returncode, tail.decode("utf-8", "replace")
+
+
+class _Copy:
+    """Writes bytes to a text stream: to its binary buffer when it has one, else decoded (captured, redirected)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.out = stream, getattr(stream, "buffer", None)
+        self.text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def write(self, chunk: bytes) -> None:
+        if self.out is not None:
+            self.stream.flush()  # what this process wrote before, first
+            self.out.write(chunk)
+        else:
+            self.stream.write(self.text.decode(chunk))
+        self.stream.flush()
 
 
 class _EndWatch(threading.Thread):
@@ -220,10 +259,13 @@ def pids(folder: str) -> dict[int, int]:
     return found
 
 
-# A rank that died, as mpiexec reports it: Hydra (MPICH, Intel MPI) by pid, Open MPI by rank.
+# A rank that died, as mpiexec reports it: MPICH's Hydra by pid, Open MPI by rank. Intel MPI's Hydra lists
+# how each rank it lost ended, the ones it ended itself too: read only for the rank that ended first.
+_IMPI_DEATH = re.compile(r"RANK (\d+) PID \d+ RUNNING AT (\S+)\s*=*\s*KILLED BY SIGNAL: (\d+ \([^)\n]*\))")
 _HYDRA_DEATH = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*=*\s*EXIT CODE: (-?\d+)")
 _HYDRA_REASON = re.compile(r"EXIT STRING: ([^\n]+?)\s*$", re.MULTILINE)
-_OMPI_DEATH = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on ([^\n]+?)\.?\s*$", re.MULTILINE)
+# Open MPI 5 breaks its line before the signal: "... on node vm exited on\nsignal 9 (Killed)."
+_OMPI_DEATH = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on\s+([^\n]+?)\.?\s*$", re.MULTILINE)
 
 
 def record_pid(rank: int) -> None:
@@ -259,6 +301,9 @@ def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) ->
             rank = ranks.get(pid)
     if first and rank not in first:  # mpiexec named a rank it stopped itself
         rank, how = first[0], None
+        for found in _IMPI_DEATH.finditer(output):
+            if int(found[1]) == rank:
+                host, how = found[2], f"signal {found[3]}"
     if rank is None:
         if pid is None:
             return None

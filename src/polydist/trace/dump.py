@@ -310,6 +310,7 @@ def _act(number: int) -> None:
 
 
 _REQUESTED = "dumps-requested"
+EXIT_NOTICES = "hydra-exit-notices"  # written by polydist.launch.mpiexec when MPICH's Hydra sends them
 
 
 def _hydra_notice() -> bool:
@@ -319,10 +320,13 @@ def _hydra_notice() -> bool:
     (see :mod:`polydist.launch.mpiexec`), which then sends SIGUSR1 to every
     rank still running when one exits. Taken as such: a SIGUSR1 after another
     rank finished its script, unless polydist itself asked for dumps. A
-    ``kill -USR1`` by hand still dumps while no rank has finished.
+    ``kill -USR1`` by hand still dumps while no rank has finished. Intel
+    MPI's Hydra sends no such notices: there every SIGUSR1 asks for a dump.
     """
     folder = settings.FAILURE_DIR.read()
-    if not folder or not os.path.isdir(folder) or os.path.exists(os.path.join(folder, _REQUESTED)):
+    if not folder or not os.path.isdir(folder) or not os.path.exists(os.path.join(folder, EXIT_NOTICES)):
+        return False
+    if os.path.exists(os.path.join(folder, _REQUESTED)):
         return False
     return any(name.endswith(".done") for name in os.listdir(folder))
 
