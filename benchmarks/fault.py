@@ -237,15 +237,15 @@ class Job:
             self.open_streams -= 1
             self.changed.notify_all()
 
-    def wait_for(self, pattern: re.Pattern, start: int = 0, nth: int = 1, stream: str = "out") -> Optional[int]:
-        """Index of the ``nth`` line from ``start`` on that matches ``pattern``; None once the output ended
-        (or the job's deadline passed) without it."""
+    def wait_for(self, pattern: re.Pattern, start: int = 0, nth: int = 1, stream: Optional[str] = "out") -> Optional[int]:
+        """Index of the ``nth`` line from ``start`` on that matches ``pattern`` in ``stream`` (None: either);
+        None once the output ended (or the job's deadline passed) without it."""
         with self.changed:
             seen, i = 0, start
             while True:
                 for i in range(i, len(self.lines)):
                     line = self.lines[i]
-                    if line.stream == stream and pattern.search(line.text):
+                    if stream in (None, line.stream) and pattern.search(line.text):
                         seen += 1
                         if seen == nth:
                             return i
@@ -320,7 +320,10 @@ def inject(job: Job, fault: Fault, checkpoint: str, epoch_s: float, start: int) 
     """Make ``fault`` happen in the workers' run that began at line ``start``; None if it could not."""
     if fault.kind in SIGNALS:
         return send_signal(job, fault, checkpoint, epoch_s, start)
-    i = job.wait_for(FAULT_LINE, start)  # the wrapper fails by itself, after saying so
+    # The wrapper fails by itself, after saying so on stdout. torch's agent may stop copying a failed
+    # worker's output before its last lines: then the exception's own message, in the launcher's
+    # announcement on stderr, says it (later: detection then reads as 0 s).
+    i = job.wait_for(FAULT_LINE, start, stream=None)
     if i is None:
         return None
     _, _, _, step, steps = FAULT_LINE.search(job.lines[i].text).groups()

@@ -207,6 +207,24 @@ def parameters_identical(model: nn.Module) -> tuple[bool, float]:
     return bool((everyone == everyone[0]).all()), diff
 
 
+def resume_or_start(
+    args: argparse.Namespace, net: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[Optional[pdist.Checkpointer], int, int]:
+    """``--checkpoint``'s Checkpointer (None without one), the finished epochs to go on from, the restart count.
+
+    Resumes on ``--resume`` and after any restart by the launcher. Each
+    node's agent counts its own restarts (a node that joined later says 0),
+    so the ranks agree on the count first: resuming is a collective that
+    every rank must call alike.
+    """
+    restarts = pdist.all_reduce(pdist.restart_count(), op="MAX")
+    if not args.checkpoint:
+        return None, 0, restarts
+    settings = {name: getattr(args, name) for name in RESUME_SETTINGS}
+    checkpointer = pdist.Checkpointer(args.checkpoint, model=net, optimizer=optimizer, settings=settings)
+    return checkpointer, checkpointer.resume() if args.resume or restarts > 0 else 0, restarts
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     pdist.initialize(args.backend)
@@ -234,15 +252,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     if args.ddp:
         optimizer = pdist.auto_optim(optimizer)
-    checkpointer = None
-    if args.checkpoint:
-        settings = {name: getattr(args, name) for name in RESUME_SETTINGS}
-        checkpointer = pdist.Checkpointer(args.checkpoint, model=net, optimizer=optimizer, settings=settings)
-    # Each node's agent counts its own restarts (a node that joined later says 0): agree before resuming,
-    # a collective that every rank must call alike.
-    restarts = pdist.all_reduce(pdist.restart_count(), op="MAX")
+    checkpointer, start_epoch, restarts = resume_or_start(args, net, optimizer)
     resume = checkpointer is not None and (args.resume or restarts > 0)
-    start_epoch = checkpointer.resume() if resume else 0
     if args.ddp:
         loader = pdist.auto_dataloader(
             TensorDataset(x_train, y_train), batch_size=args.batch_size, shuffle=True, seed=args.seed
