@@ -21,7 +21,7 @@ from .errors import InvalidGroupError, WorkerFailedError
 from .groups import new_group
 from .helpers import one_rank_first, one_rank_only
 from .launch import Parallel, spawn
-from .launch.restarts import restart_count
+from .environment import restart_count
 from .checkpoint import Checkpointer
 from .settings import is_debug, set_allow_pickle, set_debug
 from .collectives.recorder import set_trace

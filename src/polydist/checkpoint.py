@@ -88,6 +88,11 @@ def _remove_leftovers(path: str) -> None:
                     os.remove(os.path.join(folder, entry))
 
 
+def _load(data: bytes) -> dict:
+    """A checkpoint's bytes as its state: ``weights_only``, so bytes from a disk or a peer run no code."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
 def _unwrap(model: Any) -> Any:
     """The module inside DistributedDataParallel (and the like): its state has no ``module.`` prefix."""
     return getattr(model, "module", model) if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
@@ -193,21 +198,23 @@ class Checkpointer:
 
     # ----------------------------------------------------------------- resuming
 
-    def _read_local(self) -> tuple[int, Optional[bytes]]:
-        """(finished epochs, bytes) of this node's copy; (-1, None) when there is none or it does not load."""
+    def _read_local(self) -> tuple[int, Optional[bytes], Optional[dict]]:
+        """(finished epochs, bytes, state) of this node's copy; (-1, None, None) when there is none or it
+        does not load."""
         _remove_leftovers(self.path)
         if not os.path.exists(self.path):
-            return -1, None
+            return -1, None, None
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
-            epoch = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)["epoch"]
+            state = _load(data)
+            epoch = state["epoch"]
             if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
                 raise ValueError(f"bad epoch {epoch!r}")
         except Exception as exc:  # unreadable, not a checkpoint, or not loadable without running code
             warnings.warn(f"Checkpointer: ignoring {self.path}: it does not load ({exc})", RuntimeWarning, stacklevel=3)
-            return -1, None
-        return epoch, data
+            return -1, None, None
+        return epoch, data, state
 
     def resume(self) -> int:
         """Load the newest complete checkpoint into the objects; the number of finished epochs (0: none).
@@ -222,19 +229,18 @@ class Checkpointer:
                 each one and both values), or lacks an object this
                 Checkpointer was given.
         """
-        epoch, data = self._read_local() if context.get_local_rank() == 0 else (-1, None)
+        epoch, data, state = self._read_local() if context.get_local_rank() == 0 else (-1, None, None)
+        holder = 0
         if context.get_world_size() > 1:
             epochs = all_gather(epoch)
-            newest = max(epochs)
-            if newest < 0:
+            if max(epochs) < 0:
                 return 0
-            holder = epochs.index(newest)
+            holder = epochs.index(max(epochs))
             data = broadcast(data if context.get_rank() == holder else None, src=holder)
-        else:
-            holder = 0
-            if data is None:
-                return 0
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            if context.get_rank() != holder:  # the holder has it loaded already
+                state = _load(data)
+        if state is None:
+            return 0
         self._check_settings(state)
         for key, obj in self._objects.items():
             _unwrap(obj).load_state_dict(state[key])

@@ -225,9 +225,6 @@ def _run_mpi(ns: argparse.Namespace, worker: list) -> int:
         return 2
     from .launch.restarts import rerun
 
-    if ns.max_restarts < 0:
-        print(f"polydist run: --max-restarts must be a non-negative int, got {ns.max_restarts}", file=sys.stderr)
-        return 2
     env = dict(os.environ, **{settings.PREFIX_OUTPUT.name: "0" if ns.no_prefix else "1"})
 
     def start(restarts: int) -> None:  # mpiexec cannot restart ranks: the whole MPI job runs again

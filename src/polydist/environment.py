@@ -37,6 +37,8 @@ so serial, with a ``note`` saying why. The master address is the first host of
 the step's node list (task 0 runs there under the block, cyclic and plane
 distributions), expanded without ``scontrol`` (:mod:`polydist._slurm`); the port is :func:`slurm_port`.
 MASTER_ADDR and MASTER_PORT, when set, beat anything derived.
+
+:func:`restart_count` reads how many times the launcher restarted this job's workers.
 """
 
 from __future__ import annotations
@@ -47,9 +49,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._slurm import expand_nodelist, first_host
-from .settings import LAUNCHER
+from .settings import LAUNCHER, RESTART_COUNT
 
-__all__ = ["ProcessInfo", "detect", "expand_nodelist", "slurm_port"]
+__all__ = ["ProcessInfo", "detect", "expand_nodelist", "slurm_port", "restart_count"]
 
 _LAYOUT = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "nnodes")
 _FIELDS = _LAYOUT + ("master_addr", "master_port")
@@ -381,3 +383,40 @@ def detect(env: Optional[Mapping[str, str]] = None) -> ProcessInfo:
         sources=tuple((key, merged.sources[key]) for key in _FIELDS if key in merged.sources),
         note=note,
     )
+
+
+_ELASTIC_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+
+def restart_count(env: Optional[Mapping[str, str]] = None) -> int:
+    """How many times the launcher restarted this job's workers before this run of them: 0 on the first run.
+
+    Read from the launcher's environment (``os.environ`` by default), so it
+    works before :func:`polydist.initialize`. Under an elastic agent
+    (``polydist run --max-restarts``, ``spawn(max_restarts=...)``, torchrun)
+    it is the count of this node's agent, ``$TORCHELASTIC_RESTART_COUNT``:
+    restarts after failures only (a node joining restarts the workers
+    without counting). Under ``polydist run --backend mpi --max-restarts``
+    it is ``$POLYDIST_RESTART_COUNT``. Elsewhere 0.
+
+    Each node's agent counts its own restarts, so after a membership change
+    the nodes disagree (a node that joined later says 0): before deciding
+    something collective on it, such as whether to resume, agree with
+    ``all_reduce(restart_count(), op="MAX")``.
+
+    Raises:
+        ValueError: the variable is set but not a non-negative integer, naming it.
+    """
+    env = os.environ if env is None else env
+    count = RESTART_COUNT.read(env)
+    if count is None:
+        text = env.get(_ELASTIC_COUNT, "").strip()
+        if not text:
+            return 0
+        try:
+            count = int(text)
+        except ValueError:
+            raise ValueError(f"${_ELASTIC_COUNT}={text!r} is not valid: expected a whole number") from None
+    if count < 0:
+        raise ValueError(f"restart count {count} is negative")
+    return count

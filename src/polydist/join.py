@@ -14,7 +14,7 @@ import os
 import socket
 import warnings
 from datetime import timedelta
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -24,7 +24,7 @@ from ._state import HOST_BYTES, Layout, host_names, host_row
 from .backends import horovod as horovod_backend
 from .backends import mpi4py as mpi4py_backend
 from .backends.mpi4py import job as mpi_job
-from .environment import ProcessInfo, detect
+from .environment import ProcessInfo, detect, restart_count
 
 __all__ = [
     "Timeout",
@@ -198,9 +198,9 @@ def group_kwargs(
     elif info.master_addr and info.master_port and _serves_loopback_store(info):
         # An elastic agent that does not share its store (polydist's restartable jobs) leaves rank 0
         # to serve one; torch's env:// would listen on every interface, this listens on loopback only.
-        group_kwargs["_loopback_port"] = info.master_port
-    elif info.master_addr and info.master_port and _restart_on_shared_store():
-        group_kwargs["_attempt"] = (info.master_addr, info.master_port, _restart_on_shared_store())
+        group_kwargs["_store"] = _StoreAt("127.0.0.1", info.master_port, serve=True)
+    elif info.master_addr and info.master_port and (attempt := _restart_on_shared_store()):
+        group_kwargs["_store"] = _StoreAt(info.master_addr, info.master_port, prefix=f"/polydist/attempt_{attempt}")
     elif info.master_addr and info.master_port:
         exported = os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")
         # env:// when the launcher exported the address (torchrun's agent may already host the
@@ -211,7 +211,7 @@ def group_kwargs(
     elif launched and (info.nnodes or 1) == 1:
         # Launched ranks without an address to meet at, on one node: ignite.distributed's
         # default, 127.0.0.1:15000 (a fixed port, so two such jobs on one host collide, as there).
-        group_kwargs["_loopback_port"] = SINGLE_NODE_PORT
+        group_kwargs["_store"] = _StoreAt("127.0.0.1", SINGLE_NODE_PORT, serve=True)
     else:
         raise ValueError(
             f"world_size={world_size} but no way to rendezvous: pass init_method "
@@ -220,6 +220,27 @@ def group_kwargs(
     if name == "nccl" and info.local_rank is not None:
         torch.cuda.set_device(info.local_rank)
     return group_kwargs
+
+
+class _StoreAt(NamedTuple):
+    """The TCP store a group meets at, when polydist rather than torch's init_method opens it.
+
+    With ``serve``, rank 0 serves it, listening on loopback only (``host`` is
+    127.0.0.1), and the others connect; else every rank connects to a store
+    someone else serves. ``prefix``: its keys are under this prefix.
+    """
+
+    host: str
+    port: int
+    serve: bool = False
+    prefix: str = ""
+
+    def open(self, rank: int, size: int, wait: timedelta) -> "dist.Store":
+        if self.serve and rank == 0:
+            store = _torch.loopback_store_server(size, wait, self.port)
+        else:
+            store = dist.TCPStore(self.host, self.port, size, is_master=False, timeout=wait)
+        return dist.PrefixStore(self.prefix, store) if self.prefix else store
 
 
 def _restart_on_shared_store() -> int:
@@ -231,10 +252,7 @@ def _restart_on_shared_store() -> int:
     "Connection refused" (torchrun --max-restarts, torch 2.13). polydist
     prefixes the keys by attempt, as torch did before.
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return 0
-    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
-    return int(count) if count.isdigit() else 0
+    return restart_count() if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0
 
 
 def _serves_loopback_store(info: ProcessInfo) -> bool:
@@ -280,21 +298,10 @@ def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
 def create(group_kwargs: dict, info: ProcessInfo) -> Optional[timedelta]:
     """Create the default group from :func:`group_kwargs`; return the collective timeout it applied."""
     td = group_kwargs.pop("_collective_timeout", None)
-    port = group_kwargs.pop("_loopback_port", None)
-    attempt = group_kwargs.pop("_attempt", None)
-    if attempt is not None:  # the agent's store, keys prefixed by attempt (_restart_on_shared_store)
-        host, master_port, count = attempt
-        wait = group_kwargs.get("timeout", JOIN_TIMEOUT_FLOOR)
-        client = dist.TCPStore(host, master_port, group_kwargs["world_size"], is_master=False, timeout=wait)
-        group_kwargs["store"] = dist.PrefixStore(f"/polydist/attempt_{count}", client)
-    if port is not None:  # rank 0 serves the store on loopback only, the others connect to it
-        wait = group_kwargs.get("timeout", JOIN_TIMEOUT_FLOOR)
-        size = group_kwargs["world_size"]
-        group_kwargs["store"] = (
-            _torch.loopback_store_server(size, wait, port)
-            if group_kwargs["rank"] == 0
-            else dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=wait)
-        )
+    at = group_kwargs.pop("_store", None)
+    if at is not None:
+        group_kwargs["store"] = at.open(group_kwargs["rank"], group_kwargs["world_size"],
+                                        group_kwargs.get("timeout", JOIN_TIMEOUT_FLOOR))
     _warn_if_gloo_offers_loopback(group_kwargs["backend"], info)
     dist.init_process_group(**group_kwargs)
     if td is not None and td != group_kwargs["timeout"]:

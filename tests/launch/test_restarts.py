@@ -12,7 +12,8 @@ import pytest
 import polydist as pd
 from polydist import cli
 from polydist.launch import elastic
-from polydist.launch.restarts import rerun, restart_count
+from polydist.environment import restart_count
+from polydist.launch.restarts import rerun
 
 from conftest import _mpi_missing
 
@@ -52,6 +53,10 @@ def test_rerun_announces_each_failure_and_raises_the_last(capsys):
     assert calls == [0, 1]
     with pytest.raises(pd.WorkerFailedError, match="^rank 1 failed first, run 0$"):  # no restarts: as before
         rerun(failing, 0)
+    calls.clear()
+    with pytest.raises(ValueError, match="^max_restarts must be a non-negative int, got -1$"):
+        rerun(failing, -1)
+    assert calls == []  # refused before anything started
 
 
 # ------------------------------------------------------------ spawn(max_restarts=...)
@@ -153,6 +158,16 @@ def test_the_node_that_owns_the_endpoint_address_hosts_the_rendezvous():
     assert elastic._is_local_address("127.0.0.1") and elastic._is_local_address("localhost")
     assert not elastic._is_local_address("192.0.2.1")  # TEST-NET-1: never an address of this machine
     assert not elastic._is_local_address("no-such-host.invalid")
+
+
+def test_polydist_run_refuses_negative_max_restarts_on_every_backend(cli_env, tmp_path):
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    for backend in ("gloo", "mpi"):
+        cmd = [sys.executable, "-m", "polydist", "run", "--backend", backend, "--max-restarts", "-1", str(script)]
+        done = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "polydist run: max_restarts must be a non-negative int, got -1" in done.stderr, done.stderr
 
 
 def test_polydist_run_mpi_refuses_elastic_options(cli_env, tmp_path):

@@ -37,7 +37,7 @@ from .. import _torch
 from ..environment import detect
 from ..errors import WorkerFailedError
 from ..trace.dump import DUMP_NOTE, failed
-from .restarts import announce, exhausted
+from .restarts import announce, check_max_restarts, exhausted
 
 __all__ = [
     "launch",
@@ -63,12 +63,6 @@ def check_node_rank(node_rank: Any, nnodes: int) -> int:
     if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
         raise ValueError(f"Argument node_rank should be between 0 and {nnodes - 1}, but given {node_rank!r}")
     return node_rank
-
-
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return value
 
 
 def _is_local_address(host: str) -> bool:
@@ -110,7 +104,7 @@ def _config(
 ) -> LaunchConfig:
     _check_positive("nproc_per_node", nproc_per_node)
     _check_positive("nnodes", nnodes)
-    _check_count("max_restarts", max_restarts)
+    check_max_restarts(max_restarts)
     min_nodes = nnodes if min_nodes is None else _check_positive("min_nodes", min_nodes)
     if min_nodes > nnodes:
         raise ValueError(f"min_nodes {min_nodes} is larger than nnodes (the maximum) {nnodes}")
