@@ -17,7 +17,7 @@ from .context import get_nproc_per_node, get_rank, get_world_size, hostname, ini
 from .context import has_hvd_support, has_native_dist_support, has_xla_support, is_main_process, model_name
 from .context import registered_computation_models, set_local_rank, show_config, sync
 from .errors import CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError, PolydistError
-from .errors import InvalidGroupError, WorkerFailedError
+from .errors import InvalidGroupError, WorkerFailedError, WorldMismatchError
 from .groups import new_group
 from .helpers import one_rank_first, one_rank_only
 from .launch import Parallel, spawn
@@ -49,5 +49,5 @@ __all__ = [
     "set_debug", "is_debug", "set_allow_pickle",  # settings
     "dump_trace", "set_trace", "comms_profile",  # the flight recorder and the comms profile
     "PolydistError", "NotInitializedError", "CollectiveMismatchError",  # errors
-    "CollectiveTimeoutError", "WorkerFailedError", "InvalidGroupError",
+    "CollectiveTimeoutError", "WorkerFailedError", "InvalidGroupError", "WorldMismatchError",
 ]  # fmt: skip

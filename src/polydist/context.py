@@ -26,9 +26,10 @@ import torch.distributed as dist
 
 from . import _torch, join
 from ._state import Layout, World
+from .announced import check_group
 from .environment import ProcessInfo, detect
 from .backends.horovod import job as horovod_job
-from .errors import NotInitializedError
+from .errors import NotInitializedError, WorldMismatchError
 from .join import available_backends, comm_device
 
 __all__ = [
@@ -125,8 +126,16 @@ def initialize(
           world-size-1 group, so DDP code can run unchanged.
         * With ``nccl`` the current CUDA device is set to the local rank.
         * Environment variables are read, never written.
+        * The world a launcher announced is the world you get: when it
+          announced several processes, a group with another size or rank
+          (``initialize("mpi")`` under torchrun, whose workers MPI would
+          each make a world of one) raises rather than running apart.
+          ``rank``/``world_size`` given here are taken as they are.
 
     Raises:
+        WorldMismatchError: the group, or for MPI the group MPI would make,
+            is not the world the launcher announced (its message names both,
+            who said each, and what to do); no group is left behind.
         ValueError: unknown or unavailable ``backend``; a backend different
             from that of an existing group; a bad ``timeout`` or
             ``$POLYDIST_TIMEOUT``; ``world_size``
@@ -148,12 +157,19 @@ def initialize(
     group_kwargs = join.group_kwargs(backend, init_method, td, rank, world_size, kwargs, info)
     if group_kwargs is None:
         return  # serial: no launcher, nothing asked for
-    _init(group_kwargs, info)
+    _init(group_kwargs, info, announced=info if rank is None and world_size is None else None)
 
 
-def _init(group_kwargs: dict, info: ProcessInfo) -> None:
+def _init(group_kwargs: dict, info: ProcessInfo, announced: Optional[ProcessInfo]) -> None:
+    """Create the group; ``announced``: the launcher's world it must be (None: the caller chose rank and size)."""
     global _world
     timeout = join.create(group_kwargs, info)
+    if announced is not None:
+        try:
+            check_group(announced, str(dist.get_backend()), dist.get_rank(), dist.get_world_size())
+        except WorldMismatchError:
+            dist.destroy_process_group()  # not the job's world: leave no group behind
+            raise
     layout = join.layout_from_env(info) or join.layout_from_hostnames()
     _world = World(_torch.default_pg(), owns_group=True, layout=layout, timeout=timeout)
     _world_made()
@@ -216,7 +232,11 @@ def finalize() -> None:
     if _world is not None:
         for hook in on_finalize:
             hook()
-    state, _world = world(), None  # its groups, sequence numbers and buffers go with it
+    try:
+        state = world()
+    except WorldMismatchError:
+        state = None  # a group polydist would not adopt: not its to destroy
+    _world = None  # its groups, sequence numbers and buffers go with it
     if state is not None and state.owns_group:
         dist.destroy_process_group()
         horovod_job.stop()  # Horovod too, if initialize("horovod") started it
@@ -236,6 +256,11 @@ def world() -> Optional[World]:
     group is made, without communicating either
     (:func:`polydist.backends.horovod.job.adopt`); ``finalize`` destroys it
     and leaves Horovod running.
+
+    Raises:
+        WorldMismatchError: the group is not the world a launcher announced
+            (e.g. a framework's MPI world of one under torchrun); it is not
+            adopted, so every polydist call raises the same.
     """
     global _world
     pg = _torch.default_pg()
@@ -248,7 +273,14 @@ def world() -> Optional[World]:
         if not horovod_job.adopt():  # or Horovod runs without one: make it (ignite's code calls hvd.init() itself)
             return None
         pg, owns = _torch.default_pg(), True
-    env = join.layout_from_env(join.launcher())
+    info = join.launcher()
+    try:
+        check_group(info, str(dist.get_backend(pg)), pg.rank(), pg.size())  # a group is adopted only if it is the job's
+    except WorldMismatchError:
+        if owns:
+            dist.destroy_process_group()  # the horovod group made just now
+        raise
+    env = join.layout_from_env(info)
     _world = World(pg, owns_group=owns, layout=env or join.single_node_guess(), timeout=None, layout_known=env is not None)
     _world_made()
     return _world

@@ -39,19 +39,22 @@ distributions), expanded without ``scontrol`` (:mod:`polydist._slurm`); the port
 MASTER_ADDR and MASTER_PORT, when set, beat anything derived.
 
 :func:`restart_count` reads how many times the launcher restarted this job's workers.
+:func:`mpi_job` decides whether this process is a rank of an MPI job, which is
+when polydist's ``mpi`` stand-in on stock wheels says MPI is there.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._slurm import expand_nodelist, first_host
 from .settings import LAUNCHER, RESTART_COUNT
 
-__all__ = ["ProcessInfo", "detect", "expand_nodelist", "slurm_port", "restart_count"]
+__all__ = ["ProcessInfo", "detect", "expand_nodelist", "slurm_port", "restart_count", "launcher", "mpi_initialized", "mpi_job"]
 
 _LAYOUT = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "nnodes")
 _FIELDS = _LAYOUT + ("master_addr", "master_port")
@@ -420,3 +423,42 @@ def restart_count(env: Optional[Mapping[str, str]] = None) -> int:
     if count < 0:
         raise ValueError(f"restart count {count} is negative")
     return count
+
+
+def launcher() -> ProcessInfo:
+    """:func:`detect`'s answer; serial when the variables are incomplete or contradict each other.
+
+    Only :func:`polydist.initialize` lets a bad environment raise, since only
+    there does it decide anything; queries and adoption must not fail over
+    variables a user-made group does not depend on (e.g. ``WORLD_SIZE``
+    exported without ``RANK``).
+    """
+    try:
+        return detect()
+    except ValueError:
+        return _SERIAL
+
+
+def mpi_initialized() -> bool:
+    """Whether this program has already started MPI (imported ``mpi4py.MPI``, which calls ``MPI_Init``) and not ended it.
+
+    Looks at ``sys.modules`` only, so it never starts MPI itself.
+    """
+    module = sys.modules.get("mpi4py.MPI")
+    return module is not None and module.Is_initialized() and not module.Is_finalized()
+
+
+def mpi_job(info: Optional[ProcessInfo] = None) -> bool:
+    """Whether this process is a rank of an MPI job: the one place that decides it.
+
+    True when an MPI process manager started this process as one of its ranks
+    (``info.mpi_flavor``: MPICH's Hydra, Open MPI, Intel MPI, MVAPICH,
+    ``srun --mpi=pmi2/pmix``) or the program already initialized MPI; False
+    under any other launcher (torchrun's workers inherit the variables of an
+    ``mpiexec`` that started torchrun, but are not its ranks) and in a plain
+    ``python`` process. ``info``: :func:`detect`'s answer (:func:`launcher`'s when None). polydist's ``mpi``
+    stand-in answers ``torch.distributed.is_mpi_available()`` with it, so a
+    framework that prefers MPI when it is available (Accelerate's multi-CPU
+    path) picks it only where MPI can see the job's ranks.
+    """
+    return (info or launcher()).mpi_flavor is not None or mpi_initialized()

@@ -9,6 +9,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "WorkerFailedError",
     "InvalidGroupError",
+    "WorldMismatchError",
 ]
 
 
@@ -87,3 +88,21 @@ class InvalidGroupError(TypeError, ValueError):
     ``ignite.distributed`` (which raises that for a bad group), so an
     ``except`` written for either catches it.
     """
+
+
+class WorldMismatchError(PolydistError):
+    """The process group's world is not the one the launcher announced: never a silent world of one.
+
+    Raised by :func:`polydist.initialize`, by adoption of a group the program
+    or a framework made, and by the ``mpi`` stand-in's group creation, when a
+    launcher announced a world of several processes (torchrun's ``WORLD_SIZE``
+    and ``RANK``, Slurm's, an MPI launcher's, Kubeflow's) and the group has
+    another size, or gives this process another rank. ``launcher`` names the
+    launcher, ``announced`` and ``group`` are ``(rank, world_size)`` pairs (the
+    group's is ``(0, 1)`` when raised before MPI would have made this process a
+    world of its own), ``backend`` is the group's backend.
+    """
+
+    def __init__(self, message: str, *, launcher: str, announced: tuple, group: tuple, backend: str) -> None:
+        super().__init__(message)
+        self.launcher, self.announced, self.group, self.backend = launcher, tuple(announced), group, backend

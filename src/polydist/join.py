@@ -24,7 +24,8 @@ from ._state import HOST_BYTES, Layout, host_names, host_row
 from .backends import horovod as horovod_backend
 from .backends import mpi4py as mpi4py_backend
 from .backends.mpi4py import job as mpi_job
-from .environment import ProcessInfo, detect, restart_count
+from .announced import check_mpi_can_join
+from .environment import ProcessInfo, launcher, restart_count
 
 __all__ = [
     "Timeout",
@@ -86,20 +87,6 @@ def resolve_backend(name: Optional[str]) -> str:
             )
         return mpi4py_backend.BACKEND_NAME  # stock wheels: MPI through mpi4py
     return lowered
-
-
-def launcher() -> ProcessInfo:
-    """What the launcher exported; serial when its variables are incomplete or contradict each other.
-
-    Only :func:`initialize` lets a bad environment raise, since only there
-    does it decide anything; queries and adoption must not fail over
-    variables a user-made group does not depend on (e.g. ``WORLD_SIZE``
-    exported without ``RANK``).
-    """
-    try:
-        return detect()
-    except ValueError:
-        return detect({})
 
 
 def layout_from_env(info: ProcessInfo) -> Optional[Layout]:
@@ -172,6 +159,7 @@ def group_kwargs(
         group_kwargs["timeout"] = max(td, JOIN_TIMEOUT_FLOOR) if settable else td
         group_kwargs["_collective_timeout"] = td
     if init_method is None and meets_through_mpi(name, info):
+        check_mpi_can_join(info, (backend or name).lower())  # before MPI starts: a world of one under torchrun
         init_method = "mpi://"  # rank and world size come from MPI itself
     elif init_method is None and name == horovod_backend.BACKEND_NAME:
         if info.is_distributed and info.launcher != "horovod":  # Horovod would see a world of one here

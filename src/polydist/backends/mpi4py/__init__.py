@@ -6,7 +6,8 @@ holds the work handles, :mod:`~polydist.backends.mpi4py.job` is the
 ``mpi://`` rendezvous and abort-on-failure. This module registers the backend
 with torch.distributed (:func:`register`, called when polydist is imported),
 under its own name ``"mpi4py"`` and, on wheels built without MPI, as torch's
-``"mpi"`` backend (:func:`provide_torch_mpi`).
+``"mpi"`` backend (:func:`provide_torch_mpi`), which claims MPI only inside an
+MPI job.
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ from typing import Any, Optional
 import torch.distributed as dist
 
 from ... import settings
+from ...announced import check_group, check_mpi_can_join
+from ...environment import launcher, mpi_job
 from . import _mpi, job
 from .process_group import MPIProcessGroup
 
-__all__ = ["BACKEND_NAME", "MPIProcessGroup", "available", "native_mpi_available", "provide_torch_mpi", "register"]
+__all__ = [
+    "BACKEND_NAME", "MPIProcessGroup", "available", "native_mpi_available", "is_mpi_available", "provide_torch_mpi",
+    "register",
+]
 
 BACKEND_NAME = _mpi.BACKEND_NAME
 available = _mpi.available
@@ -53,13 +59,21 @@ class _TorchMPI:
     """What torch.distributed asks of ``ProcessGroupMPI``: ``create(ranks)``, as torch's C++ class answers it.
 
     torch's ``"mpi"`` path takes rank and world size from MPI, needs no store
-    or init method, and expects ``None`` on ranks outside ``ranks``.
+    or init method, and expects ``None`` on ranks outside ``ranks``. The
+    default group (``ranks`` empty) must be the world a launcher announced:
+    :class:`~polydist.errors.WorldMismatchError` otherwise, before MPI starts
+    where MPI cannot see that world (``init_process_group("mpi")`` under torchrun).
     """
 
     @staticmethod
     def create(ranks: Any = None) -> Optional[MPIProcessGroup]:
         ranks = list(ranks or [])
+        info = launcher()
+        if not ranks:
+            check_mpi_can_join(info, "mpi")
         world = _mpi.mpi().COMM_WORLD
+        if not ranks:
+            check_group(info, "mpi", world.Get_rank(), world.Get_size())
         if ranks and world.Get_rank() not in ranks:
             return None
         comm = _communicator(ranks)
@@ -74,6 +88,20 @@ def native_mpi_available() -> bool:
     return _NATIVE_MPI
 
 
+def is_mpi_available() -> bool:
+    """``torch.distributed.is_mpi_available()`` where the stand-in provides torch's ``"mpi"``: True inside an MPI job.
+
+    That is, when an MPI launcher (MPICH's Hydra, Open MPI, Intel MPI,
+    ``srun --mpi=pmi2/pmix``) started this process or the program already
+    initialized MPI (:func:`polydist.environment.mpi_job` decides). Elsewhere
+    False, as on a stock wheel: frameworks that prefer MPI when it is
+    available (Accelerate's multi-CPU path) then pick gloo, as they would
+    without polydist, instead of an MPI that would make each torchrun worker
+    a world of its own.
+    """
+    return mpi_job()
+
+
 def provide_torch_mpi() -> bool:
     """Make torch's ``"mpi"`` backend this ProcessGroup on a PyTorch built without MPI.
 
@@ -83,7 +111,17 @@ def provide_torch_mpi() -> bool:
     ``new_group`` works, ``is_mpi_available()`` is True and
     ``getBackendName()`` is ``"mpi"``. It does so by giving
     ``torch.distributed.distributed_c10d`` the ``ProcessGroupMPI`` name and
-    availability flag that an MPI build has; nothing else in torch changes.
+    availability flag that an MPI build has, so that torch's ``"mpi"`` path
+    reaches the stand-in, and ``torch.distributed.is_mpi_available`` the
+    stand-in's :func:`is_mpi_available`; nothing else in torch changes.
+
+    The stand-in claims MPI only inside an MPI job (:func:`is_mpi_available`).
+    Elsewhere ``init_process_group("mpi")`` still reaches it: in a plain
+    ``python`` process it makes MPI's world of one (a serial run, as
+    ``mpiexec -n 1`` would), and under a launcher that announced several
+    processes (torchrun, srun without ``--mpi``) it raises
+    :class:`~polydist.errors.WorldMismatchError` before MPI starts.
+
     Called by :func:`register`; returns False (and changes nothing) where
     torch has native MPI or mpi4py is missing. Set ``POLYDIST_TORCH_MPI=0``
     to keep torch's ``"mpi"`` unavailable on stock wheels.
@@ -94,7 +132,8 @@ def provide_torch_mpi() -> bool:
     if not hasattr(c10d, "_MPI_AVAILABLE") or not hasattr(c10d, "is_mpi_available"):
         return False  # a PyTorch whose MPI path this stand-in was not written against
     c10d.ProcessGroupMPI = _TorchMPI
-    c10d._MPI_AVAILABLE = True
+    c10d._MPI_AVAILABLE = True  # what torch's own check before creating an "mpi" group reads
+    dist.is_mpi_available = is_mpi_available  # what programs and frameworks ask
     return True
 
 
