@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test fuzz setup docs docs-setup horovod test-horovod mpi-runtimes test-openmpi test-impi clean
+.PHONY: demo test fuzz setup docs docs-setup horovod test-horovod mpi-runtimes test-openmpi test-impi engines test-engines clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,20 @@ horovod: $(STAMP)
 # make test skips them.
 test-horovod: horovod
 	POLYDIST_TEST_BACKENDS=horovod $(BIN)/python -m pytest -p no:cacheprovider -k horovod tests
+
+# DeepSpeed and Ray Train (the engines extra; about 15 s and 20 s to install with the pip cache warm, torch kept
+# at 2.13.0) and their jobs on polydist (tests/third_party/test_engines.py, about 2 minutes on 2 cores: each job
+# imports DeepSpeed or starts a Ray cluster, which is why make test leaves them out).
+ENGINES_STAMP := $(VENV)/.polydist-engines-installed
+
+engines: $(ENGINES_STAMP)
+
+$(ENGINES_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet torch==2.13.0 -e ".[examples,test,engines]"
+	touch $(ENGINES_STAMP)
+
+test-engines: $(ENGINES_STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -m engines tests/third_party/test_engines.py
 
 # Open MPI and Intel MPI beside the venv's MPICH: each in a venv of its own under $(VENV)/mpi that sees the main
 # venv's packages (tools/mpi_runtime.sh; a few seconds each once the wheels are downloaded, impi-rt is 130 MB).

@@ -214,7 +214,9 @@ class MPIProcessGroup(PythonProcessGroup):
         _mpi.check_cpu(output)
 
         def body() -> None:
-            with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
+            # In-place gathers (DeepSpeed's ZeRO) pass this rank's chunk of the output as the input: copied first.
+            source = input.clone() if _mpi.overlaps(input, output) else input
+            with _mpi.Contiguous(source, write_back=False) as src, _mpi.Contiguous(output) as dst:
                 self.comm.Allgather(_mpi.raw(src), _mpi.raw(dst))
 
         return self._run("all_gather_into_tensor", body, output, opts, [input])
