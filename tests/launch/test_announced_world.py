@@ -127,6 +127,7 @@ print(json.dumps(seen))
 
 @pytest.mark.timeout(90)
 def test_the_stand_in_claims_mpi_only_inside_an_mpi_job(clean_env):
+    pytest.importorskip("mpi4py")
     out = subprocess.run([sys.executable, "-c", WALK], env=clean_env, capture_output=True, text=True, timeout=80)
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
@@ -173,6 +174,7 @@ with open(os.path.join(sys.argv[1], os.environ["RANK"] + ".json"), "w") as f:
 @pytest.mark.timeout(150)
 def test_under_torchrun_accelerate_gets_the_world_and_mpi_or_a_world_of_one_is_refused(clean_env, tmp_path):
     pytest.importorskip("accelerate")
+    pytest.importorskip("mpi4py")
     (tmp_path / "script.py").write_text(textwrap.dedent(UNDER_TORCHRUN))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(tmp_path / "script.py"), str(tmp_path)]
@@ -191,3 +193,12 @@ def test_under_torchrun_accelerate_gets_the_world_and_mpi_or_a_world_of_one_is_r
         assert seen["adopt"].startswith(f"torchrun announced WORLD_SIZE=2, RANK={rank}, but the gloo group has 1 "
                                         "process (this one is its rank 0)"), seen["adopt"]
         assert seen["finalize"] == "returned None"  # a group polydist did not adopt is not its to destroy
+
+
+def test_spawn_refuses_mpi_before_starting_processes():
+    """spawn's processes are the elastic agent's, which MPI cannot see: refused up front, not a world of one each."""
+    import polydist
+
+    pytest.importorskip("mpi4py")
+    with pytest.raises(ValueError, match="spawn with backend 'mpi': MPI sees only the ranks an MPI launcher starts"):
+        polydist.spawn("mpi", print, nproc_per_node=2)

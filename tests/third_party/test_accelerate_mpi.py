@@ -20,7 +20,8 @@ How Accelerate picks a backend (accelerate 1.15.0, ``accelerate/``):
 So the two supported ways in, with no change to Accelerate:
 
 - ``"mpi"`` by name: ``import polydist`` gives a stock wheel torch's "mpi"
-  backend (``is_mpi_available()`` becomes True), and
+  backend (inside an MPI job ``is_mpi_available()`` becomes True; under
+  torchrun it stays False, tests/launch/test_announced_world.py), and
   ``Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(backend="mpi")])``
   takes it; it is even Accelerate's default then.
 - ``"mpi4py"`` is refused by name (test below). Create the default group first,

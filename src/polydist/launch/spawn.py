@@ -95,8 +95,9 @@ def spawn(
             raised 0.1 s (a killed rank) to 0.8 s (a rank that raised) after
             the failure (``benchmarks/failure_latency.py``).
         ValueError: an unknown or unavailable ``backend`` (e.g. "horovod",
-            "nccl" without CUDA), bad sizes or ``max_restarts``, or multi-node without master
-            address/port — all before any process starts.
+            "nccl" without CUDA), bad sizes or ``max_restarts``, multi-node without master
+            address/port, or "mpi" on more than one process (MPI cannot see
+            the processes spawn starts) — all before any process starts.
 
     With backend "horovod" the processes are Horovod's: ``horovod.run``
     starts them on this host (as idist does; ``nnodes`` > 1 raises
@@ -115,6 +116,12 @@ def spawn(
                 "(horovod.run starts them); use horovodrun's elastic mode"
             )
         return spawn_horovod(fn, args, dict(kwargs_dict or {}), nproc_per_node, nnodes, init)
+    if resolved in ("mpi", "mpi4py") and (nproc_per_node, nnodes) != (1, 1):  # polydist/announced.py's rule
+        raise ValueError(
+            f"spawn with backend {backend!r}: MPI sees only the ranks an MPI launcher starts, and spawn's "
+            "processes would each be a world of one; run the script under mpiexec -n N (or polydist run "
+            "--backend mpi) and call polydist.initialize('mpi') there, or spawn with gloo"
+        )
     with job_trace_dir(settings.TRACE_DIR.read(), "polydist.spawn") as trace_dir:
         results = launch(
             _spawned,

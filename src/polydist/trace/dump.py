@@ -35,6 +35,7 @@ from typing import Optional
 from .. import context, settings
 from ..backends.mpi4py import job as mpi_job
 from ..collectives.recorder import RECORDER, as_dict
+from ..errors import WorldMismatchError
 
 __all__ = [
     "dump_trace", "dump_path", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers",
@@ -67,7 +68,10 @@ def trace_dir() -> str:
 
 def _who() -> dict:
     """This process's rank, world size, local rank and backend: from the live world, else the launcher's variables."""
-    state = context.world()
+    try:
+        state = context.world()
+    except WorldMismatchError:  # a group polydist does not adopt: the launcher's view below
+        state = None
     if state is not None:
         from torch.distributed import get_backend
 
