@@ -11,7 +11,7 @@ horovod    horovodrun with gloo (HOROVOD_RANK)
 mpi        Open MPI, MVAPICH, MPICH or Intel MPI (Hydra), any PMI or PMIx process manager
 slurm      srun (SLURM_PROCID with SLURM_STEP_ID)
 kubeflow   a Kubeflow PyTorchJob pod running one process (RANK with PET_*)
-env        anything else that exports RANK and WORLD_SIZE
+env        anything else that exports RANK and WORLD_SIZE (Ray Train's workers, a wrapper script)
 serial     none of these: rank 0 of 1
 =========  ===================================================================================
 

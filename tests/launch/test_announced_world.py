@@ -96,6 +96,22 @@ def test_mpi_under_an_unnamed_launcher_is_checked_once_made(mpi_not_started):
     check_mpi_can_join(detect(HYDRA), "mpi")
 
 
+def test_initialize_leaves_no_group_of_another_world(monkeypatch):
+    """A backend that takes rank and size from elsewhere (here: a stand-in for create) and disagrees: no group left."""
+    import torch.distributed as dist
+
+    from polydist import context, join
+
+    if dist.is_initialized():
+        pytest.skip("this pytest process already has a default group")
+    monkeypatch.setattr(context, "detect", lambda: detect(TORCHRUN))
+    monkeypatch.setattr(join, "create", lambda kwargs, info: dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1))
+    with pytest.raises(WorldMismatchError, match=r"^torchrun announced WORLD_SIZE=4, RANK=3, but the gloo group has 1 "):
+        context.initialize("gloo")
+    assert not dist.is_initialized() and context.world() is None
+
+
 # One process, environments set one after the other: the stand-in reads the launcher at each call.
 WALK = """
 import json, os, sys
