@@ -160,10 +160,17 @@ _BY_BACKEND: dict[str, Reductions] = {}
 _BACKEND_OK: set[tuple[str, str, torch.dtype]] = set()  # (backend, op, dtype) already accepted
 
 
+_ALL_DTYPES = tuple(d for d in vars(torch).values() if isinstance(d, torch.dtype))
+# (op, dtype) pairs that some declared backend refuses: only these need the group's backend checked, so
+# the hot path (float32 SUM, say) pays one set lookup (see collectives/reduce.py's all_reduce).
+SUSPECT: set[tuple[str, torch.dtype]] = set()
+
+
 def declare(table: Reductions) -> Reductions:
     """Declare (or replace) what ``table.backend`` reduces; returns ``table``."""
     _BY_BACKEND[table.backend] = table
     _BACKEND_OK.clear()
+    SUSPECT.update((name, d) for name in _CANONICAL.values() for d in _ALL_DTYPES if table.why_not(name, d))
     return table
 
 

@@ -19,7 +19,7 @@ from .. import codec
 from .._torch import reduce_scatter_single
 from ..context import world
 from ..groups import GroupLike, Resolved
-from ..ops import OpLike, check_backend, check_op_dtype, op_for, resolve_op, to_reduce_op
+from ..ops import SUSPECT, OpLike, check_backend, check_op_dtype, op_for, resolve_op, to_reduce_op
 from .numbers import all_reduce_value, check_number, reduce_numbers, reduce_value
 from .pipeline import Collective, check_tensor, contiguous, done, finish
 from .debug import describe_tensor
@@ -139,14 +139,17 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
     Source: ``torch.distributed.all_reduce``; idist ``all_reduce`` for values.
     """
     if type(tensor) is torch.Tensor:  # the common case, first
-        return _ALL_REDUCE.run(group, None, async_op, tensor, op_for(op, tensor.dtype), (tensor,))
+        dtype = tensor.dtype
+        name = op_for(op, dtype)
+        spec = _ALL_REDUCE_CHECKED if (name, dtype) in SUSPECT else _ALL_REDUCE  # a backend may refuse it
+        return spec.run(group, None, async_op, tensor, name, (tensor,))
     name = resolve_op(op)
     tensors = _tensors(tensor)
     if tensors is None:
         return _ALL_REDUCE.run(group, None, async_op, check_number(tensor, name), name, None)
     for t in tensors:
         check_op_dtype(name, t.dtype)
-    return _ALL_REDUCE.run(group, None, async_op, tensor, name, tensors)
+    return _ALL_REDUCE_CHECKED.run(group, None, async_op, tensor, name, tensors)
 
 
 def _all_reduce_serial(tensor: Any, name: str, tensors: Any) -> Any:
@@ -186,7 +189,9 @@ def _all_reduce_check(res: Resolved, tensor: Any, name: str, tensors: Any) -> No
             check_backend(res.backend, name, t.dtype)
 
 
-_ALL_REDUCE = Collective(
+_ALL_REDUCE = Collective("all_reduce", _all_reduce_body, _all_reduce_serial, _all_reduce_fingerprint, op_at=1)
+# The same call, for (op, dtype) pairs some backend refuses (ops.SUSPECT) and for lists: the group's backend is checked.
+_ALL_REDUCE_CHECKED = Collective(
     "all_reduce", _all_reduce_body, _all_reduce_serial, _all_reduce_fingerprint, op_at=1, check=_all_reduce_check
 )
 
