@@ -489,12 +489,14 @@ _REFUSALS = {  # (call, dtypes of the tensors passed, op); a list of two: a coal
              ("reduce", [torch.int16], "XOR"), ("all_reduce", [torch.int32, torch.uint16], "SUM")],
     "mpi4py": [("all_reduce", [torch.float8_e4m3fn], "SUM"), ("reduce", [torch.float8_e5m2], "MAX"),
                ("reduce_scatter", [torch.float8_e4m3fn], "SUM")],
+    "horovod": [("all_reduce", [torch.uint16], "MAX"), ("reduce", [torch.uint32], "MIN"),
+                ("all_reduce", [torch.float8_e4m3fn], "SUM")],
 }
 
 
 def _backend_refusals():
     """Rank 0 alone makes each refused call; had it sent anything, the good all_reduce after it would break."""
-    backend = "gloo" if pd.backend() == "gloo" else "mpi4py"
+    backend = str(dist.get_backend())  # gloo, mpi4py or horovod: the name the tables are declared under
     errors = []
     if pd.get_rank() == 0:
         for fn, dtypes, op in _REFUSALS[backend]:
