@@ -95,9 +95,20 @@ def test_watch_flags_a_stopped_process_only_after_the_bound_and_forgets_a_contin
         frozen = watch.check({5: child.pid})
         assert frozen is not None and (frozen.rank, frozen.pid, frozen.state) == (5, child.pid, "T")
         assert frozen.seconds >= 0.3
+        assert watch.check({5: child.pid}) is None  # reported once, not again while the launcher ends it
         os.kill(child.pid, signal.SIGCONT)
         time.sleep(0.1)
-        assert watch.check({5: child.pid}) is None  # running again: the clock starts over
+        watch = liveness.Watch(after=0.3)
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(0.1)
+        assert watch.check({5: child.pid}) is None  # the clock starts
+        time.sleep(0.2)
+        os.kill(child.pid, signal.SIGCONT)
+        time.sleep(0.1)
+        assert watch.check({5: child.pid}) is None  # running again: the clock is dropped
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        assert watch.check({5: child.pid}) is None  # stopped 0.6 s in all, but only 0.2 s since it ran
     finally:
         child.kill()
         child.wait()

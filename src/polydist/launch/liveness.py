@@ -86,6 +86,7 @@ class Watch:
     def __init__(self, after: Optional[float] = None) -> None:
         self.after = Frozen.bound() if after is None else after
         self._since: dict[int, float] = {}  # pid -> when it was first seen stopped
+        self._reported: set[int] = set()  # found frozen once: not again while it is being ended
 
     @property
     def on(self) -> bool:
@@ -99,6 +100,8 @@ class Watch:
         for pid in [p for p in self._since if p not in live]:
             del self._since[pid]
         for rank, pid in sorted(pids.items()):
+            if pid in self._reported:
+                continue
             state = process_state(pid)
             if state not in STOPPED:
                 self._since.pop(pid, None)
@@ -106,6 +109,7 @@ class Watch:
             seconds = now - self._since.setdefault(pid, now)
             if found is None and seconds >= self.after:
                 found = Frozen(rank, pid, state, seconds)
+                self._reported.add(pid)
         return found
 
 
