@@ -257,8 +257,9 @@ class _EndWatch(threading.Thread):
             for fd in (*ranks, self._wake_r):
                 os.close(fd)
 
-
     def _check_liveness(self, running: set) -> None:
+        if not self.liveness.on:
+            return
         ended = {r for group in self.order for r in group}
         live = {r: pid for r, pid in pids(self.folder).items() if r in running and r not in ended}
         frozen = self.liveness.check(live)
@@ -272,24 +273,24 @@ class _EndWatch(threading.Thread):
 _LIVENESS_POLL_MS = 250
 
 
-def _frozen(folder: str) -> dict[int, str]:
-    """``{rank: note}`` of the ranks the liveness watch ended (``rank{N}.frozen``)."""
+def _rank_files(folder: str, suffix: str) -> dict[int, str]:
+    """``{rank: text}`` of the files ``rank{N}{suffix}`` in ``folder``."""
     found = {}
     for name in os.listdir(folder):
-        if name.startswith("rank") and name.endswith(".frozen"):
+        if name.startswith("rank") and name.endswith(suffix):
             with open(os.path.join(folder, name)) as f:
-                found[int(name[4:-7])] = f.read()
+                found[int(name[4 : -len(suffix)])] = f.read()
     return found
+
+
+def _frozen(folder: str) -> dict[int, str]:
+    """``{rank: note}`` of the ranks the liveness watch ended (``rank{N}.frozen``)."""
+    return _rank_files(folder, ".frozen")
 
 
 def pids(folder: str) -> dict[int, int]:
     """``{rank: pid}`` from the pid files in ``folder``."""
-    found = {}
-    for name in os.listdir(folder):
-        if name.startswith("rank") and name.endswith(".pid"):
-            with open(os.path.join(folder, name)) as f:
-                found[int(name[4:-4])] = int(f.read())
-    return found
+    return {rank: int(text) for rank, text in _rank_files(folder, ".pid").items()}
 
 
 # A rank that died, as mpiexec reports it: MPICH's Hydra by pid, Open MPI by rank. Intel MPI's Hydra lists
