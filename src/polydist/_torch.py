@@ -100,9 +100,10 @@ def launch_config(**kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def restart_hook(on_restart: Any) -> Iterator[None]:
+def restart_hook(on_restart: Any, watch: Any = None) -> Iterator[None]:
     """Call ``on_restart(failures, restarts_done, max_restarts)`` each time an elastic agent started inside
-    the block restarts its workers.
+    the block restarts its workers, and ``watch({global rank: pid})`` each time it finds them all running
+    (every monitor interval: polydist's liveness watch, :mod:`polydist.launch.liveness`).
 
     ``failures`` is ``{global rank: ProcessFailure}`` when failed workers
     caused the restart (it counts against ``max_restarts``), None when nodes
@@ -121,6 +122,8 @@ def restart_hook(on_restart: Any) -> Iterator[None]:
 
         def _monitor_workers(self, worker_group: Any) -> Any:
             result = super()._monitor_workers(worker_group)
+            if watch is not None and result.state == WorkerState.HEALTHY:
+                watch({w.global_rank: w.id for w in worker_group.workers})  # a worker's id is its pid
             self._polydist_last = result
             return result
 

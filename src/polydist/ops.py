@@ -1,13 +1,22 @@
-"""Reduce-op names → ``torch.distributed.ReduceOp``, and which dtypes each op accepts."""
+"""Reduce-op names → ``torch.distributed.ReduceOp``, which dtypes each op accepts, and what each backend reduces.
+
+Two tables: :func:`check_op_dtype` says where an op is defined at all (AND on
+floats is not), on any backend; :class:`Reductions` declares, once per
+backend, the dtypes and (op, dtype) pairs that backend can reduce, so a
+combination it would fail inside (gloo's ``Invalid scalar type`` for uint16)
+is a ``TypeError`` naming dtype, op and backend before anything is sent
+(:func:`check_backend`, called by the pipeline once the group is known).
+"""
 
 from __future__ import annotations
 
-from typing import Union
+from dataclasses import dataclass, field
+from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["OpLike", "resolve_op", "to_reduce_op", "check_op_dtype", "op_for"]
+__all__ = ["OpLike", "resolve_op", "to_reduce_op", "check_op_dtype", "op_for", "Reductions", "declare", "check_backend"]
 
 OpLike = Union[str, "dist.ReduceOp", "dist.ReduceOp.RedOpType"]
 
@@ -116,3 +125,98 @@ def check_op_dtype(name: str, dtype: torch.dtype) -> None:
             "use op='SUM' and divide, or convert the tensor to a floating dtype"
         )
     _ACCEPTED.add((name, dtype))
+
+
+# ---------------------------------------------------------------- what each backend reduces
+
+
+@dataclass(frozen=True)
+class Reductions:
+    """What one backend can reduce: a trait of the backend, declared once (:func:`declare`).
+
+    Attributes:
+        backend: the backend's name, as ``torch.distributed.get_backend`` gives it.
+        dtypes: the dtypes it reduces under every op :func:`check_op_dtype` allows.
+        refused: ``{op name: dtypes}`` refused under that op although in ``dtypes``.
+        source: where the table comes from (the backend's sources, docs, a measurement).
+    """
+
+    backend: str
+    dtypes: frozenset
+    refused: dict = field(default_factory=dict)
+    source: str = ""
+
+    def why_not(self, name: str, dtype: torch.dtype) -> Optional[str]:
+        """None when the backend reduces ``dtype`` under op ``name``; else the reason, for a ``TypeError``."""
+        if dtype not in self.dtypes:
+            listed = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
+            return f"the {self.backend} backend cannot reduce dtype {dtype} (op {name}); it reduces {listed}"
+        if dtype in self.refused.get(name, ()):
+            return f"the {self.backend} backend cannot reduce dtype {dtype} with op {name}"
+        return None
+
+
+_BY_BACKEND: dict[str, Reductions] = {}
+_BACKEND_OK: set[tuple[str, str, torch.dtype]] = set()  # (backend, op, dtype) already accepted
+
+
+_ALL_DTYPES = tuple(d for d in vars(torch).values() if isinstance(d, torch.dtype))
+# (op, dtype) pairs that some declared backend refuses: only these need the group's backend checked, so
+# the hot path (float32 SUM, say) pays one set lookup (see collectives/reduce.py's all_reduce).
+SUSPECT: set[tuple[str, torch.dtype]] = set()
+
+
+def declare(table: Reductions) -> Reductions:
+    """Declare (or replace) what ``table.backend`` reduces; returns ``table``."""
+    _BY_BACKEND[table.backend] = table
+    _BACKEND_OK.clear()
+    SUSPECT.update((name, d) for name in _CANONICAL.values() for d in _ALL_DTYPES if table.why_not(name, d))
+    return table
+
+
+def check_backend(backend: str, name: str, dtype: torch.dtype) -> None:
+    """Raise ``TypeError`` naming dtype, op and backend when ``backend`` cannot reduce ``dtype`` under ``name``.
+
+    A backend without a declared table is not second-guessed: its own errors stand.
+    """
+    if (backend, name, dtype) in _BACKEND_OK:
+        return
+    table = _BY_BACKEND.get(backend)
+    why = table.why_not(name, dtype) if table is not None else None
+    if why is not None:
+        raise TypeError(f"{why}; convert the tensor to a dtype it reduces, e.g. int32, int64 or float32")
+    _BACKEND_OK.add((backend, name, dtype))
+
+
+_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+_COMPLEX = {torch.complex64, torch.complex128}  # SUM/AVG only (check_op_dtype), as pairs of reals
+_UNSIGNED_WIDE = {torch.uint16, torch.uint32, torch.uint64}
+
+# gloo: ProcessGroupGloo instantiates its reductions for float, double, half, bfloat16, int8, uint8,
+# int32, int64 and bool only (GENERATE_ALL_TYPES); int16 and uint16/32/64 fail inside gloo with
+# "Invalid scalar type" under every op (measured on torch 2.13: all_reduce, reduce, reduce_scatter).
+GLOO = declare(Reductions(
+    "gloo", frozenset(_FLOATS | _COMPLEX | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}),
+    source="torch's ProcessGroupGloo.cpp (GENERATE_ALL_TYPES); measured on torch 2.13",
+))
+# nccl: torch's ncclDataType map (int8, uint8, int32, int64, float16/32/64, bfloat16, bool as uint8, the
+# float8 types) and NCCL's ops (sum, prod, max, min, avg: no bitwise ops, torch refuses BAND/BOR/BXOR).
+_FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
+_NCCL_DTYPES = frozenset(_FLOATS | _COMPLEX | _FLOAT8 | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool})
+NCCL = declare(Reductions(
+    "nccl", _NCCL_DTYPES, refused={op: _NCCL_DTYPES for op in ("AND", "OR", "XOR")},
+    source="torch's ProcessGroupNCCL (ncclDataType, ncclOp); NCCL's docs (ncclDataType_t, ncclRedOp_t)",
+))
+# mpi4py: every MPI integer width, float32/64, C bool and complex; float16/bfloat16 reduced in float32
+# (backends/mpi4py/_mpi.py REDUCE_TYPES).
+MPI4PY = declare(Reductions(
+    "mpi4py",
+    frozenset(_FLOATS | _COMPLEX | _UNSIGNED_WIDE | {torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool}),
+    source="polydist's mpi4py group (MPI datatypes of backends/mpi4py/_mpi.py)",
+))
+# horovod: Horovod's own dtypes natively, the rest gathered and reduced by torch on the CPU, which has
+# no min/max for uint16/32/64 (measured on torch 2.13).
+HOROVOD = declare(Reductions(
+    "horovod", MPI4PY.dtypes, refused={"MIN": frozenset(_UNSIGNED_WIDE), "MAX": frozenset(_UNSIGNED_WIDE)},
+    source="polydist's horovod group (backends/horovod/process_group.py); torch's CPU min/max kernels",
+))

@@ -34,6 +34,7 @@ __all__ = [
     "TRACE_DIR",
     "PROFILE_COMMS",
     "RESTART_COUNT",
+    "FROZEN_AFTER",
     "set_debug",
     "is_debug",
     "set_allow_pickle",
@@ -59,6 +60,13 @@ def _seconds(text: str) -> float:
     seconds = float(text)
     if not 0 < seconds < math.inf:
         raise ValueError("expected a positive number of seconds")
+    return seconds
+
+
+def _seconds_or_off(text: str) -> float:
+    seconds = float(text)
+    if not 0 <= seconds < math.inf:
+        raise ValueError("expected a number of seconds, or 0 for off")
     return seconds
 
 
@@ -111,6 +119,10 @@ TRACE_BUFFER = Variable("POLYDIST_TRACE_BUFFER", _count, 2000, "how many calls t
 TRACE_DIR = Variable("POLYDIST_TRACE_DIR", _text, None, "where flight-recorder dumps go (polydist run --trace-dir)")
 PROFILE_COMMS = Variable("POLYDIST_PROFILE_COMMS", _flag, False, "polydist run --profile-comms: profile every collective")
 RESTART_COUNT = Variable("POLYDIST_RESTART_COUNT", int, None, "set by polydist run --backend mpi --max-restarts: reruns so far")
+FROZEN_AFTER = Variable(
+    "POLYDIST_FROZEN_AFTER", _seconds_or_off, 10.0,
+    "polydist's launchers end a job whose worker stays stopped (state T/t) this many seconds; 0: off",
+)
 
 
 class _Switch:

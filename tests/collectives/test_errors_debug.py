@@ -663,3 +663,59 @@ def test_serial_value_collectives_apply_the_same_pickle_rule():
         assert pd.broadcast(Point(2, 2), src=0) == Point(2, 2)
     finally:
         pd.set_allow_pickle(before)
+
+
+# ------------------------------------------------------------ a skipped call of a loop of equal calls (issue 29)
+
+_SKIPPING_LOOP = '''
+import sys, torch, polydist as pd
+
+def loop(local_rank=None):
+    r = pd.get_rank()
+    try:
+        for step in range(4):
+            if r == 1 and step == 2:
+                continue  # rank 1 skips one all_reduce; every call has the same shape
+            pd.all_reduce(torch.full((2,), float(step)))
+    except pd.CollectiveMismatchError as exc:
+        print(f"rank {r} raised CollectiveMismatchError: {exc}", flush=True)
+
+if __name__ == "__main__" and sys.argv[1] == "spawn":
+    pd.spawn("gloo", loop, nproc_per_node=2)  # finalize() after loop: rank 1's error comes from there
+elif __name__ == "__main__":
+    pd.initialize("mpi")
+    loop()
+    try:
+        pd.finalize()
+    except pd.CollectiveMismatchError as exc:
+        print(f"rank {pd.get_rank()} raised CollectiveMismatchError: {exc}", flush=True)
+'''
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_debug_a_skipped_call_of_equal_calls_raises_on_every_rank(backend, cli_env, tmp_path):
+    import subprocess
+    import sys
+
+    from _world import mpi_job_env, mpiexec
+    from conftest import _mpi_missing
+
+    script = tmp_path / "loop.py"
+    script.write_text(_SKIPPING_LOOP)
+    env = dict(cli_env, POLYDIST_DEBUG="1", PYTHONUNBUFFERED="1")
+    if backend == "mpi":
+        if _mpi_missing():
+            pytest.skip(_mpi_missing())
+        command = [mpiexec(), "-n", "2", sys.executable, str(script), "mpi"]
+        env = mpi_job_env(env)
+    else:
+        command = [sys.executable, str(script), "spawn"]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=90)
+    text = out.stdout + out.stderr
+    mismatch = "rank 0: call #4: all_reduce(float32[2], op=SUM); rank 1: call #4: finalize()"
+    assert f"rank 0 raised CollectiveMismatchError: ranks of group [0, 1] called different collectives: {mismatch}" in text
+    if backend == "mpi":
+        assert f"rank 1 raised CollectiveMismatchError: ranks of group [0, 1] called different collectives: {mismatch}" in text
+    else:  # raised by spawn's finalize() after the function: the launcher reports it as rank 1's failure
+        assert out.returncode != 0
+        assert "--- traceback of rank 1 ---" in text and f"CollectiveMismatchError: ranks of group [0, 1] called different collectives: {mismatch}" in text.split("--- traceback of rank 1 ---")[1]

@@ -477,3 +477,43 @@ def test_overlapping_rank_list_groups_used_by_different_ranks(world3):
         assert out["reduce_scatter"] == torch.tensor_split(total, 3)[r].tolist()
         assert out["all_to_all"] == [f"{src}->{r}" for src in range(3)]
         assert out["cached"]  # one cached group per rank set, not a communicator per call
+
+
+# ------------------------------------------------------------ dtypes the backend cannot reduce (issue 29)
+
+
+_REFUSALS = {  # (call, dtypes of the tensors passed, op); a list of two: a coalesced all_reduce
+    "gloo": [("all_reduce", [torch.uint16], "SUM"), ("reduce", [torch.uint16], "SUM"),
+             ("reduce_scatter", [torch.uint16], "SUM"), ("all_reduce", [torch.int16], "MAX"),
+             ("all_reduce", [torch.uint32], "MIN"), ("all_reduce", [torch.uint64], "PRODUCT"),
+             ("reduce", [torch.int16], "XOR"), ("all_reduce", [torch.int32, torch.uint16], "SUM")],
+    "mpi4py": [("all_reduce", [torch.float8_e4m3fn], "SUM"), ("reduce", [torch.float8_e5m2], "MAX"),
+               ("reduce_scatter", [torch.float8_e4m3fn], "SUM")],
+    "horovod": [("all_reduce", [torch.uint16], "MAX"), ("reduce", [torch.uint32], "MIN"),
+                ("all_reduce", [torch.float8_e4m3fn], "SUM")],
+}
+
+
+def _backend_refusals():
+    """Rank 0 alone makes each refused call; had it sent anything, the good all_reduce after it would break."""
+    backend = str(dist.get_backend())  # gloo, mpi4py or horovod: the name the tables are declared under
+    errors = []
+    if pd.get_rank() == 0:
+        for fn, dtypes, op in _REFUSALS[backend]:
+            tensors = [torch.zeros(4, dtype=d) for d in dtypes]
+            try:
+                getattr(pd, fn)(tensors if len(tensors) > 1 else tensors[0], op=op)
+                errors.append(None)
+            except TypeError as exc:
+                errors.append(str(exc))
+    return backend, errors, pd.all_reduce(torch.tensor([pd.get_rank() + 1.0])).tolist()
+
+
+def test_a_dtype_the_backend_cannot_reduce_is_a_type_error_before_communicating(world2):
+    (backend, errors, after), (_, none, after1) = world2.run(_backend_refusals)
+    assert none == [] and after == after1 == [3.0]
+    calls = _REFUSALS[backend]
+    assert len(errors) == len(calls)
+    for (fn, dtypes, op), message in zip(calls, errors):
+        assert message is not None, (fn, dtypes, op)
+        assert str(dtypes[-1]) in message and op in message and f"the {backend} backend" in message

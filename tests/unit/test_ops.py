@@ -33,3 +33,51 @@ def test_op_undefined_on_dtype(op, dtype):
 @pytest.mark.parametrize("op, dtype", [("AND", torch.int32), ("AND", torch.bool), ("AVG", torch.float16), ("MIN", torch.int8)])
 def test_op_defined_on_dtype(op, dtype):
     ops.check_op_dtype(op, dtype)
+
+
+# ------------------------------------------------------------ what each backend reduces (issue 29)
+
+# Every (backend, op, dtype) a backend refuses although the op is defined on the dtype: gloo's "Invalid
+# scalar type" (measured on torch 2.13), NCCL's missing bitwise ops and int16/unsigned types, torch's
+# missing CPU min/max of wide unsigned ints under horovod's gathered reduction, float8 on the CPU groups.
+REFUSED = [
+    ("gloo", "SUM", torch.uint16), ("gloo", "MAX", torch.int16), ("gloo", "MIN", torch.uint32),
+    ("gloo", "PRODUCT", torch.uint64), ("gloo", "AND", torch.int16), ("gloo", "SUM", torch.float8_e4m3fn),
+    ("nccl", "AND", torch.int32), ("nccl", "XOR", torch.bool), ("nccl", "SUM", torch.int16),
+    ("nccl", "MAX", torch.uint16),
+    ("mpi4py", "SUM", torch.float8_e5m2), ("mpi4py", "SUM", torch.complex32),
+    ("horovod", "MAX", torch.uint16), ("horovod", "MIN", torch.uint64), ("horovod", "SUM", torch.float8_e4m3fn),
+]
+
+
+@pytest.mark.parametrize("backend, op, dtype", REFUSED)
+def test_backend_refusal_names_dtype_op_and_backend(backend, op, dtype):
+    with pytest.raises(TypeError) as info:
+        ops.check_backend(backend, op, dtype)
+    message = str(info.value)
+    assert str(dtype) in message and op in message and f"the {backend} backend" in message
+
+
+ACCEPTED = [
+    ("gloo", "SUM", torch.int32), ("gloo", "MAX", torch.bfloat16), ("gloo", "XOR", torch.bool),
+    ("gloo", "SUM", torch.complex64), ("nccl", "MAX", torch.float16), ("nccl", "SUM", torch.float8_e4m3fn),
+    ("mpi4py", "MAX", torch.int16), ("mpi4py", "XOR", torch.uint64), ("horovod", "SUM", torch.uint16),
+    ("horovod", "MAX", torch.int16), ("some_registered_backend", "SUM", torch.uint16),
+]
+
+
+@pytest.mark.parametrize("backend, op, dtype", ACCEPTED)
+def test_backend_accepts(backend, op, dtype):
+    ops.check_backend(backend, op, dtype)
+
+
+def test_each_backend_is_one_declared_table():
+    table = ops.declare(ops.Reductions("toy", frozenset({torch.float32}), refused={"MAX": frozenset({torch.float32})}))
+    try:
+        ops.check_backend("toy", "SUM", torch.float32)
+        with pytest.raises(TypeError, match="toy backend cannot reduce dtype torch.float32 with op MAX"):
+            ops.check_backend("toy", "MAX", torch.float32)
+        with pytest.raises(TypeError, match="it reduces float32"):
+            ops.check_backend("toy", "SUM", torch.int8)
+    finally:
+        ops._BY_BACKEND.pop(table.backend)

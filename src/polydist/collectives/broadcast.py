@@ -82,6 +82,10 @@ def broadcast(
         ValueError: ``src`` not in the group.
         TypeError: a value the codec cannot encode — on every rank, since src
             announces the failure instead of the value.
+        ValueError: a value the codec refuses otherwise (nested past its
+            depth limit, text UTF-8 cannot encode such as a lone surrogate)
+            — on every rank, naming src and the reason; src raises the
+            codec's own error (``UnicodeEncodeError`` for text).
 
     Source: ``torch.distributed.broadcast``; idist ``broadcast`` (safe_mode),
     without its float32 rounding of numbers and its ASCII-only strings.

@@ -10,20 +10,34 @@ slot-sized all-gather per collective, so it is off by default.
 
 Point-to-point calls in debug mode send a small header before a tensor so the
 receiver can compare it with the tensor it expects.
+
+A rank that skips one call of a loop whose calls all look alike (equal
+shapes, same op) cannot be seen at that call: its next call carries the same
+fingerprint as the others' skipped one. It is seen at the first call that
+differs — at the latest when the rank leaves: in debug mode ``finalize()``
+(called by ``spawn``/``Parallel`` after the function, and at exit) is a
+fingerprinted call of the world group too, so the ranks still in the loop
+meet a ``finalize`` and every rank raises the mismatch (the skipping rank
+from ``finalize()``; at interpreter exit Python only prints it).
 """
 
 from __future__ import annotations
 
 import reprlib
 
-from .. import codec
+from .. import codec, context
 from ..context import world
 from ..errors import CollectiveMismatchError
-from ..groups import Resolved
+from ..groups import Resolved, resolve
 from ..settings import is_debug, set_debug
 from .frames import all_gather_bytes, decode_all
 
 __all__ = ["set_debug", "is_debug", "check", "describe_tensor", "reset"]
+
+# The world whose sequence numbers are known to be out of step (a mismatch was raised here), or
+# whose leaving was already checked: finalize() does not compare again there (it would wait for
+# ranks that are not coming, or compare twice when finalize is retried at exit).
+_settled: object = None
 
 
 def reset() -> None:
@@ -33,7 +47,9 @@ def reset() -> None:
     rank skipped a collective; a program that recovers from the
     :class:`~polydist.CollectiveMismatchError` can put them back in step.
     """
+    global _settled
     state = world()
+    _settled = None
     for res in state.resolved.values() if state is not None else ():
         if res is not None:
             res.seq = 0
@@ -67,6 +83,27 @@ def check(res: Resolved, name: str, agree: tuple, call: str) -> None:
     keys = [(s, n, repr(a)) for s, n, a, _ in rows]
     if len(set(keys)) == 1:
         return
+    global _settled
+    _settled = world()
     calls = {rank: f"call #{s}: {c}" for rank, (s, _, _, c) in zip(res.ranks, rows)}
     listing = "; ".join(f"rank {rank}: {text}" for rank, text in calls.items())
+    leaving = [rank for rank, (_, n, _, _) in zip(res.ranks, rows) if n == "finalize"]
+    if leaving and len(leaving) < len(rows):
+        listing += (f" (ranks {leaving} are leaving while the others still call collectives: they made fewer "
+                    "calls, e.g. skipped one of a loop)")
     raise CollectiveMismatchError(f"ranks of group {list(res.ranks)} called different collectives: {listing}", calls)
+
+
+def _check_leaving() -> None:
+    """Debug mode: leaving the world is a call every rank must make at the same point (see the module docstring)."""
+    global _settled
+    state = world()
+    if state is None or state.size == 1 or state is _settled or not is_debug():
+        return
+    _settled = state
+    res = resolve(state, None)
+    res.seq += 1
+    check(res, "finalize", (), "finalize()")
+
+
+context.on_finalize.append(_check_leaving)  # the hook runs while the group lives

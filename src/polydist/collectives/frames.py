@@ -44,6 +44,7 @@ __all__ = [
     "inline_size",
     "Failure",
     "Payload",
+    "REFUSALS",
     "encode",
     "make_slot",
     "read_slot",
@@ -77,21 +78,28 @@ _ERROR_TYPES = {code: kind for kind, code in _ERROR_CODES.items()}
 
 
 class Failure:
-    """A local TypeError/ValueError that must reach the other ranks instead of the payload."""
+    """A local refusal that must reach the other ranks instead of the payload (announced as TypeError or ValueError)."""
 
     def __init__(self, error: Exception) -> None:
         self.error = error
-        self.code = _ERROR_CODES[ValueError if isinstance(error, ValueError) else TypeError]
+        self.code = _ERROR_CODES[TypeError if isinstance(error, TypeError) else ValueError]
 
 
 Payload = Union[bytes, Failure]
 
 
+# Every way the encoder refuses a value: a type it does not take (TypeError), nesting past its depth
+# limit or a size msgpack cannot frame (ValueError), text that is not UTF-8 encodable such as a lone
+# surrogate (UnicodeEncodeError, a ValueError), an int or float out of range (OverflowError), or a
+# structure deep enough to exhaust Python's stack (RecursionError). Each reaches the other ranks in-band.
+REFUSALS = (TypeError, ValueError, OverflowError, RecursionError)
+
+
 def encode(x: Any, allow_pickle: Optional[bool] = None) -> Payload:
-    """``codec.encode(x)``, or a :class:`Failure` carrying the codec's TypeError."""
+    """``codec.encode(x)``, or a :class:`Failure` carrying whatever the codec refused it with (:data:`REFUSALS`)."""
     try:
         return codec.encode(x, allow_pickle=allow_pickle)
-    except TypeError as e:
+    except REFUSALS as e:
         return Failure(e)
 
 

@@ -169,6 +169,9 @@ def all_gather(
             when trailing dims differ — naming each rank's shape or dtype.
         TypeError: on every rank, when a rank's value cannot be encoded (the
             value itself is never sent).
+        ValueError: on every rank, when a rank's value is refused otherwise
+            (nested past the codec's depth limit, text UTF-8 cannot encode),
+            naming that rank and the reason.
 
     Source: ``torch.distributed.all_gather`` / ``all_gather_into_tensor``;
     idist ``all_gather`` (which aborts on uneven shapes; this does not).
@@ -276,7 +279,8 @@ def gather(
             others return None as usual).
         TypeError: ``dst`` not an int; a value that cannot be encoded (on
             every rank); a tensor of a dtype that cannot travel (on that
-            rank and on ``dst``).
+            rank and on ``dst``). A value refused for its depth or its text
+            is a ``ValueError`` on every rank.
 
     Source: ``torch.distributed.gather`` (which needs equal shapes on gloo).
     """

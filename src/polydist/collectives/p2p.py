@@ -126,6 +126,9 @@ def send(tensor: Any, dst: int, group: GroupLike = None, tag: int = 0, *, allow_
             ``tag``; a serial run (no peer).
         TypeError: a value the codec cannot encode — the receiver is told and
             raises too, so it does not wait forever.
+        ValueError: a value the codec refuses otherwise (depth, text UTF-8
+            cannot encode): the receiver raises ``ValueError`` naming this
+            rank and the reason.
 
     Source: ``torch.distributed.send``.
     """
@@ -259,7 +262,7 @@ def recv(
         ValueError: ``src`` not in the group, equal to this rank, a bad tag;
             a serial run.
         TypeError: ``tensor`` neither a tensor nor None; the sender's value could
-            not be encoded.
+            not be encoded (``ValueError`` when refused for its depth or text).
         CollectiveMismatchError: a value was expected and something else
             arrived; in debug mode also a tensor of another shape or dtype.
 

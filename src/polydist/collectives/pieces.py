@@ -112,7 +112,7 @@ class Piece:
     @classmethod
     def failure(cls, error: Exception) -> "Piece":
         """A local error that must reach the other ranks instead of the item (the item is never sent)."""
-        piece = cls(FAILURE, 2 if isinstance(error, ValueError) else 1, (), str(error).encode("utf-8", "replace")[:2048])
+        piece = cls(FAILURE, 1 if isinstance(error, TypeError) else 2, (), str(error).encode("utf-8", "replace")[:2048])
         piece.error = error
         return piece
 

@@ -14,7 +14,8 @@ collective runs the shared steps, always in this order:
 3. **non-member**: a rank outside ``group`` gets its input back unchanged, a
    no-op warned once per group, as in torch.distributed;
 4. **root check**: ``src``/``dst`` must be a member (and not this rank, for
-   point-to-point);
+   point-to-point); then the call's own **group check**, for what depends on
+   the group's backend (the dtypes it reduces, :func:`polydist.ops.check_backend`);
 5. **sequence number**: the group's count of collectives, one counter per
    group that debug mode and timeouts share;
 6. **flight recorder** (:mod:`~polydist.collectives.recorder`): the call
@@ -70,9 +71,11 @@ class Collective:
             back; False: None, as torch.distributed's ``send`` returns.
         op_at: index in ``args`` of the reduction op, recorded by the flight
             recorder; None: the call has no op.
+        check: ``check(res, *args)``: raises for arguments the resolved
+            group's backend cannot take, before anything is sent; None: none.
     """
 
-    __slots__ = ("name", "body", "serial", "fingerprint", "root", "peer", "echo", "op_at", "run")
+    __slots__ = ("name", "body", "serial", "fingerprint", "root", "peer", "echo", "op_at", "check", "run")
 
     def __init__(
         self,
@@ -84,9 +87,10 @@ class Collective:
         peer: bool = False,
         echo: bool = True,
         op_at: Optional[int] = None,
+        check: Optional[Callable[..., None]] = None,
     ) -> None:
         self.name, self.body, self.serial, self.fingerprint = name, body, serial, fingerprint
-        self.root, self.peer, self.echo, self.op_at = root, peer, echo, op_at
+        self.root, self.peer, self.echo, self.op_at, self.check = root, peer, echo, op_at, check
         self.run = _pipeline(self)  # run(group, root, async_op, *args): the steps, in order
 
     def _serial(self, args: tuple, root: Any) -> Any:
@@ -113,7 +117,7 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
     )
     rooted = root_name is not None  # some ranks may finish their part without waiting for the others
     switch = settings.DEBUG_SWITCH
-    op_at = spec.op_at
+    op_at, check = spec.op_at, spec.check
     rec = recorder.RECORDER
 
     def run(group: GroupLike, root: Any, async_op: bool, *args: Any) -> Any:
@@ -134,6 +138,8 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
                 raise ValueError(
                     f"{root_name}={root} is this process's own rank; a rank cannot send to or receive from itself"
                 )
+        if check is not None:
+            check(res, *args)
         op = args[op_at] if op_at is not None else None
         if fingerprint is None:
             if not rec.on:

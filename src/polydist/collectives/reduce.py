@@ -19,7 +19,7 @@ from .. import codec
 from .._torch import reduce_scatter_single
 from ..context import world
 from ..groups import GroupLike, Resolved
-from ..ops import OpLike, check_op_dtype, op_for, resolve_op, to_reduce_op
+from ..ops import SUSPECT, OpLike, check_backend, check_op_dtype, op_for, resolve_op, to_reduce_op
 from .numbers import all_reduce_value, check_number, reduce_numbers, reduce_value
 from .pipeline import Collective, check_tensor, contiguous, done, finish
 from .debug import describe_tensor
@@ -110,11 +110,15 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
         under AND/OR/XOR stay bools. Serial: the input (AVG of a number: as
         float).
 
-    Dtypes by backend: gloo reduces float16, bfloat16, float32, float64, int8,
-    uint8, int32, int64 and bool, and complex64/128 under SUM/AVG
-    (``torch.distributed`` reduces them as pairs of reals); ``mpi4py``
-    float16/bfloat16 (in float32), float32/64, every int and uint width, bool,
-    complex64/128 (SUM/AVG); nccl CUDA tensors. Numbers: any backend.
+    Dtypes by backend (:class:`polydist.ops.Reductions`, one table per
+    backend): gloo reduces float16, bfloat16, float32, float64, int8, uint8,
+    int32, int64 and bool, and complex64/128 under SUM/AVG
+    (``torch.distributed`` reduces them as pairs of reals), not int16 or
+    uint16/32/64; ``mpi4py`` float16/bfloat16 (in float32), float32/64, every
+    int and uint width, bool, complex64/128 (SUM/AVG); horovod the same but
+    no MIN/MAX of uint16/32/64; nccl CUDA tensors of int8, uint8, int32,
+    int64, bool, the float types (float8 too), no AND/OR/XOR. Numbers: any
+    backend.
 
     Examples:
         On 2 ranks (``import polydist as pdist``)::
@@ -128,19 +132,24 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
         ValueError: unknown ``op``; bad ``group``.
         TypeError: ``op`` undefined on the dtype (AND/OR/XOR on floating
             tensors or floats, AVG on integer tensors, MIN/MAX/PRODUCT on
-            complex); ``tensor`` neither tensor(s) nor number.
+            complex), or a dtype/op the group's backend cannot reduce (naming
+            both and the backend), before anything is sent; ``tensor``
+            neither tensor(s) nor number.
 
     Source: ``torch.distributed.all_reduce``; idist ``all_reduce`` for values.
     """
     if type(tensor) is torch.Tensor:  # the common case, first
-        return _ALL_REDUCE.run(group, None, async_op, tensor, op_for(op, tensor.dtype), (tensor,))
+        dtype = tensor.dtype
+        name = op_for(op, dtype)
+        spec = _ALL_REDUCE_CHECKED if (name, dtype) in SUSPECT else _ALL_REDUCE  # a backend may refuse it
+        return spec.run(group, None, async_op, tensor, name, (tensor,))
     name = resolve_op(op)
     tensors = _tensors(tensor)
     if tensors is None:
         return _ALL_REDUCE.run(group, None, async_op, check_number(tensor, name), name, None)
     for t in tensors:
         check_op_dtype(name, t.dtype)
-    return _ALL_REDUCE.run(group, None, async_op, tensor, name, tensors)
+    return _ALL_REDUCE_CHECKED.run(group, None, async_op, tensor, name, tensors)
 
 
 def _all_reduce_serial(tensor: Any, name: str, tensors: Any) -> Any:
@@ -174,7 +183,17 @@ def _all_reduce_body(res: Resolved, tensor: Any, name: str, tensors: Any, async_
     return finish(result, works, async_op)
 
 
+def _all_reduce_check(res: Resolved, tensor: Any, name: str, tensors: Any) -> None:
+    if tensors is not None:
+        for t in tensors:
+            check_backend(res.backend, name, t.dtype)
+
+
 _ALL_REDUCE = Collective("all_reduce", _all_reduce_body, _all_reduce_serial, _all_reduce_fingerprint, op_at=1)
+# The same call, for (op, dtype) pairs some backend refuses (ops.SUSPECT) and for lists: the group's backend is checked.
+_ALL_REDUCE_CHECKED = Collective(
+    "all_reduce", _all_reduce_body, _all_reduce_serial, _all_reduce_fingerprint, op_at=1, check=_all_reduce_check
+)
 
 
 # ---------------------------------------------------------------- reduce
@@ -207,8 +226,8 @@ def reduce(tensor: Any, dst: int = 0, op: OpLike = "SUM", group: GroupLike = Non
 
     Raises:
         ValueError: unknown ``op``; ``dst`` not in the group; bad ``group``.
-        TypeError: ``op`` undefined on the dtype (see :func:`all_reduce`);
-            ``dst`` not an int.
+        TypeError: ``op`` undefined on the dtype, or not reduced by the
+            backend (see :func:`all_reduce`); ``dst`` not an int.
 
     Source: ``torch.distributed.reduce``.
     """
@@ -256,7 +275,14 @@ def _scratch_copy(tensor: torch.Tensor) -> torch.Tensor:
     return world().scratch_copy(tensor)  # the live world's reusable buffer
 
 
-_REDUCE = Collective("reduce", _reduce_body, _reduce_serial, _reduce_fingerprint, root="dst", op_at=2)
+def _reduce_check(res: Resolved, tensor: Any, dst: int, name: str, is_tensor: bool) -> None:
+    if is_tensor:
+        check_backend(res.backend, name, tensor.dtype)
+
+
+_REDUCE = Collective(
+    "reduce", _reduce_body, _reduce_serial, _reduce_fingerprint, root="dst", op_at=2, check=_reduce_check
+)
 
 
 # ---------------------------------------------------------------- reduce_scatter
@@ -287,7 +313,8 @@ def reduce_scatter(tensor: torch.Tensor, op: OpLike = "SUM", group: GroupLike = 
             pdist.reduce_scatter(t)                          # rank 0: tensor([0., 3.]); rank 1: tensor([6.])
 
     Raises:
-        TypeError: ``tensor`` is not a tensor; ``op`` undefined on its dtype.
+        TypeError: ``tensor`` is not a tensor; ``op`` undefined on its dtype,
+            or not reduced by the backend (see :func:`all_reduce`).
         ValueError: unknown ``op``; ``tensor`` is 0-dim; bad ``group``.
 
     Source: ``torch.distributed.reduce_scatter_tensor`` (which needs dim 0
@@ -331,6 +358,11 @@ def _reduce_scatter_body(res: Resolved, tensor: torch.Tensor, name: str, async_o
     return finish(result, [work], async_op)
 
 
+def _reduce_scatter_check(res: Resolved, tensor: torch.Tensor, name: str) -> None:
+    check_backend(res.backend, name, tensor.dtype)
+
+
 _REDUCE_SCATTER = Collective(
-    "reduce_scatter", _reduce_scatter_body, lambda tensor, name: tensor, _reduce_scatter_fingerprint, op_at=1
+    "reduce_scatter", _reduce_scatter_body, lambda tensor, name: tensor, _reduce_scatter_fingerprint, op_at=1,
+    check=_reduce_scatter_check,
 )

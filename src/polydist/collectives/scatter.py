@@ -155,7 +155,8 @@ def all_to_all(
     Raises:
         ValueError: a list whose length is not the group size (on every rank).
         TypeError: ``tensors`` not a list, or an item that cannot be encoded (on
-            every rank).
+            every rank); ``ValueError`` for an item refused for its depth or
+            text.
 
     Source: ``torch.distributed.all_to_all`` / ``all_to_all_single`` (which
     need the receive shapes up front; this does not).

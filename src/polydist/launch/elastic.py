@@ -12,7 +12,9 @@ between restarts. When any worker fails, the agent stops the others; with
 its traceback on stderr; the workers read :func:`polydist.restart_count`),
 else the launcher raises :class:`~polydist.errors.WorkerFailedError` naming
 the failed ranks with their tracebacks. Workers die with their launcher, also
-one killed with SIGKILL (:func:`die_with_parent`).
+one killed with SIGKILL (:func:`die_with_parent`). A worker that stays stopped
+(``SIGSTOP``) is found by the agent's monitor loop and ended like a failed one
+(:mod:`polydist.launch.liveness`), after the others wrote their dumps.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, get_error_handler
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from .. import _torch
+from .. import _torch, settings
 from ..environment import detect
 from ..errors import WorkerFailedError
 from ..trace.dump import DUMP_NOTE, failed
+from .liveness import NO_TRACEBACK, Watch, end_frozen, note_of
 from .restarts import announce, check_max_restarts, exhausted
 
 __all__ = [
@@ -177,6 +180,7 @@ def launch(
     nproc_per_node: int,
     *,
     prefix_output: bool = False,
+    trace_dir: Optional[str] = None,
     **job: Any,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` (a picklable function or an executable) in
@@ -190,7 +194,9 @@ def launch(
 
     Returns ``{global rank: return value}`` for this node's workers (None
     values for an executable). With ``prefix_output`` each output line is
-    prefixed ``[rankN]: ``. When a worker fails and fewer than
+    prefixed ``[rankN]: ``. A worker stopped for ``POLYDIST_FROZEN_AFTER``
+    seconds is ended as failed once the others wrote their flight-recorder
+    dumps into ``trace_dir`` (default ``$POLYDIST_TRACE_DIR``). When a worker fails and fewer than
     ``max_restarts`` restarts were made, every worker is stopped and started
     again (announced on stderr); otherwise raises :class:`WorkerFailedError`
     (after the others were stopped). ``ValueError`` for bad sizes or
@@ -204,13 +210,29 @@ def launch(
         agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
         agent_log.addFilter(_no_traceback)
         try:
-            with _torch.restart_hook(lambda failures, done, most: _announce_restart(failures, done, most, nnodes)):
+            watch = _liveness(trace_dir)
+            with _torch.restart_hook(lambda failures, done, most: _announce_restart(failures, done, most, nnodes), watch):
                 with _torch.fresh_worker_store(cfg.max_restarts > 0 or cfg.rdzv_backend == "c10d"):
                     return elastic_launch(cfg, entrypoint)(*args)
         except ChildFailedError as exc:
             raise _failure_report(exc.failures, nnodes, cfg.max_restarts) from None
         finally:
             agent_log.removeFilter(_no_traceback)
+
+
+def _liveness(trace_dir: Optional[str]) -> Optional[Callable[[dict], None]]:
+    """The agent's liveness check of its workers ``{global rank: pid}``, or None when the watch is off."""
+    watch = Watch()
+    if not watch.on:
+        return None
+    folder = trace_dir or settings.TRACE_DIR.read()
+
+    def check(pids: dict) -> None:
+        frozen = watch.check(pids)
+        if frozen is not None:
+            end_frozen(frozen, pids, folder)  # the agent sees it end at its next look, as a failed worker
+
+    return check
 
 
 def _announce_restart(failures: Optional[dict], done: int, most: int, nnodes: int) -> None:
@@ -288,23 +310,23 @@ def _failure_lines(failures: dict, nnodes: int = 1) -> tuple[list, int]:
 
     def consequence(item: tuple) -> tuple:
         _, f = item
-        return (peer_gone(f) or f.exitcode == -signal.SIGTERM, f.timestamp)
+        return (note_of(f.pid) is None, peer_gone(f) or f.exitcode == -signal.SIGTERM, f.timestamp)
 
     ordered = sorted(failures.items(), key=consequence)
     root_rank, root = ordered[0]
-    if nnodes > 1 and consequence(ordered[0])[0] and any(peer_gone(f) for _, f in ordered):
+    if nnodes > 1 and consequence(ordered[0])[1] and any(peer_gone(f) for _, f in ordered):
         root_rank, rest = -1, ordered
         lines = [
             f"no rank of this node failed on its own: ranks {sorted(failures)} lost their connection to a "
             "peer or were stopped; the rank that failed first is on another node (see that node's report)."
         ]
     else:
-        rest = ordered[1:]
+        rest, frozen = ordered[1:], note_of(root.pid)
+        how = f"was {frozen}" if frozen else f"failed first, with {_how(root.exitcode)}"
         lines = [
-            f"rank {root_rank} (local rank {root.local_rank}, pid {root.pid}) failed first, with "
-            f"{_how(root.exitcode)}; the other ranks were stopped.",
+            f"rank {root_rank} (local rank {root.local_rank}, pid {root.pid}) {how}; the other ranks were stopped.",
             f"--- traceback of rank {root_rank} ---",
-            _traceback(root).rstrip() or _no_traceback_text(root),
+            _traceback(root).rstrip() or (NO_TRACEBACK if frozen else _no_traceback_text(root)),
         ]
     for rank, f in rest:
         lines_of = [line for line in _traceback(f).strip().splitlines() if not line.startswith(DUMP_NOTE)]  # a note, not the error

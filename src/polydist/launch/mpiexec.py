@@ -35,6 +35,7 @@ import threading
 from typing import Mapping, Optional, Sequence, TextIO
 
 from ..settings import FAILURE_DIR
+from .liveness import NO_TRACEBACK, Watch, end_frozen
 from ..trace.dump import EXIT_NOTICES
 from ..errors import WorkerFailedError
 
@@ -178,13 +179,17 @@ class _EndWatch(threading.Thread):
     Without pidfds (not Linux, an old kernel) it stays empty. With
     ``ends_ranks`` (Hydra run with ``-disable-auto-cleanup``) it also ends
     the job when a rank fails: the others write their flight-recorder dumps
-    (SIGUSR1), then are killed.
+    (SIGUSR1), then are killed. It also watches that no rank stays stopped
+    (:mod:`polydist.launch.liveness`): a frozen rank is noted in
+    ``rank{N}.frozen``, the others dump, and it is killed, which ends the job
+    as a dead rank does.
     """
 
     def __init__(self, folder: str, nproc: int, ends_ranks: bool = False) -> None:
         super().__init__(name="polydist-mpi-watch", daemon=True)
         self.folder, self.nproc, self.ends_ranks = folder, nproc, ends_ranks
         self.ending = False
+        self.liveness = Watch()
         self.order: list[list[int]] = []
         self._wake_r, self._wake_w = os.pipe()
 
@@ -204,7 +209,8 @@ class _EndWatch(threading.Thread):
 
         ended = {r for group in self.order for r in group}
         alive = {r: pid for r, pid in pids(self.folder).items() if r not in ended}
-        peers_dump(alive, self.folder)
+        if not _frozen(self.folder):  # else they dumped already, before the frozen rank was ended
+            peers_dump(alive, self.folder)
         for pid in alive.values():
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -231,7 +237,10 @@ class _EndWatch(threading.Thread):
                             continue
                         ranks[fd] = rank
                         poller.register(fd, select.POLLIN)
-                ready = {fd for fd, _ in poller.poll(100 if len(watched) < self.nproc else None)}
+                idle = None if not self.liveness.on or self.ending else _LIVENESS_POLL_MS
+                ready = {fd for fd, _ in poller.poll(100 if len(watched) < self.nproc else idle)}
+                if not self.ending:
+                    self._check_liveness(set(ranks.values()))
                 ended = sorted(ranks[fd] for fd in ready if fd in ranks)
                 for fd in ready & ranks.keys():
                     poller.unregister(fd)
@@ -248,15 +257,40 @@ class _EndWatch(threading.Thread):
             for fd in (*ranks, self._wake_r):
                 os.close(fd)
 
+    def _check_liveness(self, running: set) -> None:
+        if not self.liveness.on:
+            return
+        ended = {r for group in self.order for r in group}
+        live = {r: pid for r, pid in pids(self.folder).items() if r in running and r not in ended}
+        frozen = self.liveness.check(live)
+        if frozen is None:
+            return
+        with open(os.path.join(self.folder, f"rank{frozen.rank}.frozen"), "w") as f:
+            f.write(frozen.note())
+        end_frozen(frozen, live, job_dir=self.folder)
+
+
+_LIVENESS_POLL_MS = 250
+
+
+def _rank_files(folder: str, suffix: str) -> dict[int, str]:
+    """``{rank: text}`` of the files ``rank{N}{suffix}`` in ``folder``."""
+    found = {}
+    for name in os.listdir(folder):
+        if name.startswith("rank") and name.endswith(suffix):
+            with open(os.path.join(folder, name)) as f:
+                found[int(name[4 : -len(suffix)])] = f.read()
+    return found
+
+
+def _frozen(folder: str) -> dict[int, str]:
+    """``{rank: note}`` of the ranks the liveness watch ended (``rank{N}.frozen``)."""
+    return _rank_files(folder, ".frozen")
+
 
 def pids(folder: str) -> dict[int, int]:
     """``{rank: pid}`` from the pid files in ``folder``."""
-    found = {}
-    for name in os.listdir(folder):
-        if name.startswith("rank") and name.endswith(".pid"):
-            with open(os.path.join(folder, name)) as f:
-                found[int(name[4:-4])] = int(f.read())
-    return found
+    return {rank: int(text) for rank, text in _rank_files(folder, ".pid").items()}
 
 
 # A rank that died, as mpiexec reports it: MPICH's Hydra by pid, Open MPI by rank. Intel MPI's Hydra lists
@@ -327,6 +361,16 @@ def _failure_report(failures: str, code: int, output: str = "", first: Sequence[
     for name in files:
         with open(os.path.join(failures, name), encoding="utf-8", errors="replace") as f:
             recorded[int(name[4:-4])] = f.read()
+    frozen = _frozen(failures)
+    if frozen:
+        rank, note = sorted(frozen.items())[0]
+        lines = [
+            f"rank {rank} (pid {pids(failures).get(rank)}) was {note}; the other ranks were stopped "
+            f"(mpiexec exit code {code}).",
+            f"--- traceback of rank {rank} ---",
+            NO_TRACEBACK,
+        ]
+        return WorkerFailedError("\n".join(lines), {rank: (code, "")}, rank)
     if not recorded:
         killed = _killed_rank(failures, code, output, first)
         if killed is not None:

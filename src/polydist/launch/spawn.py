@@ -132,6 +132,7 @@ def spawn(
             master_addr=master_addr,
             master_port=master_port,
             max_restarts=max_restarts,
+            trace_dir=trace_dir,
         )
     return [results[rank] for rank in sorted(results)]
 

@@ -207,15 +207,17 @@ def failed(exc: BaseException) -> None:
     dump_trace(reason="exception", error=exc)
 
 
-def peers_dump(pids: dict, job_dir: Optional[str] = None, wait_s: float = 2.0) -> None:
+def peers_dump(pids: dict, job_dir: Optional[str] = None, wait_s: float = 2.0, folder: Optional[str] = None) -> None:
     """Send ``SIGUSR1`` to other ranks (``{rank: pid}``) and wait up to ``wait_s`` for their dumps to appear.
 
-    For a job about to be ended at once (``MPI_Abort``), whose other ranks
-    would otherwise leave no trace. ``job_dir``: the ``polydist run
-    --backend mpi`` job's folder (default ``$POLYDIST_FAILURE_DIR``), where a
-    mark tells the ranks this SIGUSR1 is not Hydra's (see :func:`_hydra_notice`).
+    For a job about to be ended at once (``MPI_Abort``, a frozen rank), whose
+    other ranks would otherwise leave no trace. ``job_dir``: the ``polydist
+    run --backend mpi`` job's folder (default ``$POLYDIST_FAILURE_DIR``), where
+    a mark tells the ranks this SIGUSR1 is not Hydra's (see
+    :func:`_hydra_notice`). ``folder``: where the ranks write their dumps
+    (default :func:`trace_dir`).
     """
-    start, folder, asked = time.time(), trace_dir(), []
+    start, folder, asked = time.time(), folder or trace_dir(), []
     job_dir = job_dir or settings.FAILURE_DIR.read()
     if job_dir and os.path.isdir(job_dir):
         open(os.path.join(job_dir, _REQUESTED), "w").close()
