@@ -137,3 +137,20 @@ def emit(result: dict) -> None:
     """Rank 0: print ``result`` for :func:`launch_job`."""
     if pd.get_rank() == 0:
         print("RESULT " + json.dumps(result), flush=True)
+
+
+def job_parser(description: str, jobs: int) -> argparse.ArgumentParser:
+    """The options of a script that launches its own jobs (:func:`launch_job`) and is its own worker."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--backend", default="gloo", help=argparse.SUPPRESS)
+    p.add_argument("--jobs", type=int, default=jobs, help="alternating gloo/MPI jobs per backend")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the runs and medians here")
+    return p
+
+
+def save_json(args: argparse.Namespace, runs: dict, median: dict) -> None:
+    """With ``--json``: the arguments, every job's result and the medians."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "runs": runs, "median": median}, f, indent=1)

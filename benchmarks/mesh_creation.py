@@ -16,12 +16,11 @@ dimension's group. gloo and MPI jobs alternate, ``--jobs`` of each::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 
-from _common import emit, launch_job
+from _common import emit, job_parser, launch_job, save_json
 
 HERE = os.path.abspath(__file__)
 
@@ -50,12 +49,8 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--backend", default="gloo", help=argparse.SUPPRESS)
+    p = job_parser(__doc__.split("\n")[0], jobs=3)
     p.add_argument("--repeats", type=int, default=5, help="meshes created per job (median)")
-    p.add_argument("--jobs", type=int, default=3, help="alternating gloo/MPI jobs per backend")
-    p.add_argument("--json", default=None)
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -68,9 +63,7 @@ def main() -> None:
     rows = {b: {k: statistics.median(r[k] for r in rs) for k in ("create_ms", "first_collectives_ms")} for b, rs in runs.items()}
     for b, row in rows.items():
         print(f"{b:<8} {row['create_ms']:>10.1f} {row['first_collectives_ms']:>26.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "runs": runs, "median": rows}, f, indent=1)
+    save_json(args, runs, rows)
 
 
 if __name__ == "__main__":
