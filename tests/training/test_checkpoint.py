@@ -210,7 +210,7 @@ def test_sigkill_mid_epoch_then_resume(two_ranks_ddp, cli_env, tmp_path):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the job's processes in /proc")
-@pytest.mark.parametrize("mode", ["--ddp", "--fsdp"])
+@pytest.mark.parametrize("mode", ["--ddp", pytest.param("--fsdp", marks=pytest.mark.heavy)])
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 30)
 def test_max_restarts_survives_a_rank_sigkilled_mid_run(mode, cli_env, tmp_path, request):
     """Issue 15's bar: `polydist run --max-restarts 3` with rank 1 SIGKILLed mid-run finishes by itself, exit 0,
