@@ -28,7 +28,7 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 def shard(model: nn.Module, dev: torch.device, fsdp_kwargs: dict) -> nn.Module:
-    """Rank 0's parameters and buffers on every rank, then ``fully_shard`` on each direct child that holds
+    """Rank 0's parameters and buffers on every rank (all but DTensors), then ``fully_shard`` on each direct child that holds
     parameters and on ``model`` itself (FSDP2's recommended wrapping: one all-gather per child in forward,
     the root's own parameters with the root). Returns ``model``, sharded in place."""
     unknown = sorted(set(fsdp_kwargs) - set(FULLY_SHARD_KWARGS))
@@ -41,9 +41,13 @@ def shard(model: nn.Module, dev: torch.device, fsdp_kwargs: dict) -> nn.Module:
     if kwargs.get("mesh") is None:
         kwargs["mesh"] = init_device_mesh(dev.type, (get_world_size(),))
     # fully_shard keeps each rank's own chunk of its own copy: start from one copy, as DDP's constructor does.
+    # DTensor parameters (already tensor-parallel) are shards by design, different on each rank: left alone.
+    from torch.distributed.tensor import DTensor
+
     with torch.no_grad():
         for t in (*model.parameters(), *model.buffers()):
-            dist.broadcast(t.data, src=0)
+            if not isinstance(t, DTensor):
+                dist.broadcast(t.data, src=0)
     for child in model.children():
         if any(True for _ in child.parameters()):
             fully_shard(child, **kwargs)

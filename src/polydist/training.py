@@ -78,7 +78,8 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
 
     * ``use_fsdp=True`` (world size > 1): sharded with FSDP2 instead of DDP,
       on every backend (gloo, nccl, mpi, horovod...). Rank 0's parameters
-      and buffers are broadcast first (so every rank shards the same model),
+      and buffers are broadcast first (so every rank shards the same model;
+      DTensor parameters of a tensor-parallel model are left as they are),
       then ``torch.distributed.fsdp.fully_shard`` is applied to each direct
       child that holds parameters and to the model itself, over a 1-D
       ``DeviceMesh`` of the world (``init_device_mesh(device type, (world

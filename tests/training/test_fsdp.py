@@ -66,3 +66,36 @@ def test_use_fsdp_argument_errors_before_communicating(world2):
 def test_use_fsdp_serial_is_the_plain_model():
     model = _net(0)
     assert pd.auto_model(model, use_fsdp=True) is model
+
+
+def _fsdp_over_tp_2d():
+    """A 2 x 2 mesh: tensor parallel over "tp", then auto_model's FSDP2 over "dp"; 2 steps against an unsharded model."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)  # one model on every rank: tensor parallel takes each rank's slice of its own copy
+    reference = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    model = parallelize_module(copy.deepcopy(reference), mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    model = pd.auto_model(model, use_fsdp=True, mesh=mesh["dp"])
+    opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(reference.parameters(), lr=0.1)
+    dp = mesh["dp"].get_local_rank()
+    for step in range(2):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(step))  # the global batch, 2 rows per dp rank
+        model(x[2 * dp : 2 * dp + 2]).pow(2).mean().backward()
+        reference(x).pow(2).mean().backward()
+        for o in (opt, ref_opt):
+            o.step()
+            o.zero_grad()
+    placements = [str(p.placements) for p in model.parameters()]
+    gap = max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), reference.parameters()))
+    return gap, placements
+
+
+def test_fsdp_over_tensor_parallel_on_a_2d_mesh(world4):
+    for gap, placements in world4.run(_fsdp_over_tp_2d):
+        assert gap < 1e-5
+        # dim 0 sharded on both mesh dimensions: dp's (strided) shard of tp's column shard, the 2-D layout
+        assert placements[0].count("Shard(dim=0") == 2, placements
