@@ -1,4 +1,5 @@
-"""torch.distributed's newer APIs on every backend (issue 27's table): pipelining, batched P2P, functional collectives.
+"""torch.distributed's newer APIs on every backend (issue 27's table): pipelining, batched P2P, functional
+collectives, DDP's Join, DTensor.
 
 Each runs on gloo (reference) and MPI worlds; results are checked against what a single process computes.
 """
@@ -75,3 +76,47 @@ def test_functional_collectives(world3):
         assert gathered.tolist() == [float(k) for k in range(n) for _ in range(2)]
         assert scattered.tolist() == [factor * float(2 * r + i) for i in range(2)]
         assert compiled.tolist() == [2.0 * n] * 2
+
+
+def _uneven_join():
+    """DDP under Join: rank r runs 2 + r steps; the ranks that run out shadow the others' all-reduces."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel
+
+    r = dist.get_rank()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Linear(2, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = [p.detach().clone() for p in model.parameters()]
+    with Join([model]):
+        for _ in range(2 + r):
+            model(torch.full((1, 2), float(r + 1))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()], start
+
+
+def test_ddp_join_with_uneven_inputs(world3):
+    results = world3.run(_uneven_join)
+    final, start = results[0]
+    assert all(torch.equal(a, b) for other, _ in results for a, b in zip(final, other))  # replicas stay identical
+    assert all(not torch.equal(a, b) for a, b in zip(final, start))
+
+
+def _dtensor():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    n = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (n,))
+    whole = torch.arange(6.0 * n * n).reshape(3 * n, 2 * n)
+    rows = distribute_tensor(whole, mesh, [Shard(0)])
+    cols = rows.redistribute(mesh, [Shard(1)])  # an all-to-all
+    summed = (rows * 2).redistribute(mesh, [Replicate()])  # an all-gather
+    return rows.to_local(), cols.to_local(), rows.full_tensor(), summed.to_local(), whole
+
+
+def test_dtensor_distribute_redistribute_full_tensor(world3):
+    for r, (rows, cols, full, replicated, whole) in enumerate(world3.run(_dtensor)):
+        assert torch.equal(rows, whole[3 * r : 3 * r + 3]) and torch.equal(cols, whole[:, 2 * r : 2 * r + 2])
+        assert torch.equal(full, whole) and torch.equal(replicated, whole * 2)
