@@ -43,7 +43,7 @@ test-horovod: horovod
 	POLYDIST_TEST_BACKENDS=horovod $(BIN)/python -m pytest -p no:cacheprovider -k horovod tests
 
 # The tests marked heavy, which make test skips to keep within its time: the main job with --fsdp surviving a
-# SIGKILLed rank under --max-restarts (about 30 s; issue 27).
+# SIGKILLed rank under --max-restarts (about 30 s) and the sharded-training tutorial on gloo (10 s; issue 27).
 test-heavy: $(STAMP)
 	POLYDIST_TEST_HEAVY=1 $(BIN)/python -m pytest -p no:cacheprovider -m heavy tests
 

@@ -158,6 +158,7 @@ def _sharded_lines(out: str, backend: str) -> None:
         assert f"rank {r}: tensor parallel: this rank holds 16 of 32 hidden units -> True" in out
 
 
+@pytest.mark.heavy  # make test runs it on MPI (below); gloo's FSDP2 and TP are in tests/backends, tests/training
 @pytest.mark.timeout(120)
 def test_sharded_training_gloo(cli_env):
     _sharded_lines(_launch(2, _script("sharded_training.py"), env=cli_env), "gloo")
