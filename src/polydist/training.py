@@ -91,9 +91,8 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
       this call); its backward averages gradients over the ranks, as DDP's
       does. An already sharded model is returned as it is. ``sync_bn`` with
       ``use_fsdp`` raises ``ValueError``. :class:`polydist.Checkpointer`
-      saves replicated state only (it raises ``TypeError`` on DTensor
-      entries): save a sharded model with ``torch.distributed.checkpoint``.
-      The keyword is the
+      saves and resumes the sharded model and its optimizer through
+      ``torch.distributed.checkpoint``. The keyword is the
       one of ignite's FSDP2 pull request (pytorch/ignite#3733), so idist code
       written for it runs unchanged; Lightning Fabric calls the same
       ``ModelParallelStrategy``, Accelerate ``FullyShardedDataParallelPlugin(fsdp_version=2)``.
