@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -110,3 +113,44 @@ def report(
 def finish() -> None:
     """Leave the job."""
     pd.finalize()
+
+
+BIN = os.path.dirname(sys.executable)
+
+
+def launch_job(backend: str, nproc: int, argv: Sequence[str], timeout: float = 600, env: Optional[dict] = None) -> dict:
+    """Run the script ``argv[0]`` with ``argv[1:]`` on ``nproc`` ranks (mpi: the venv's mpiexec; else
+    ``polydist run --backend``) and return the JSON its rank 0 printed after ``RESULT `` (:func:`emit`);
+    raises with the job's output when it failed."""
+    if backend in ("mpi", "mpi4py"):
+        cmd = [os.path.join(BIN, "mpiexec"), "-n", str(nproc), sys.executable, *argv]
+    else:
+        cmd = [os.path.join(BIN, "polydist"), "run", "--nproc-per-node", str(nproc), "--backend", backend, *argv]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    for line in out.stdout.splitlines():
+        if "RESULT " in line:  # polydist run prefixes lines with [rank0]:
+            return json.loads(line.split("RESULT ", 1)[1])
+    raise RuntimeError(f"{backend} job failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+
+
+def emit(result: dict) -> None:
+    """Rank 0: print ``result`` for :func:`launch_job`."""
+    if pd.get_rank() == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+def job_parser(description: str, jobs: int) -> argparse.ArgumentParser:
+    """The options of a script that launches its own jobs (:func:`launch_job`) and is its own worker."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--backend", default="gloo", help=argparse.SUPPRESS)
+    p.add_argument("--jobs", type=int, default=jobs, help="alternating gloo/MPI jobs per backend")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the runs and medians here")
+    return p
+
+
+def save_json(args: argparse.Namespace, runs: dict, median: dict) -> None:
+    """With ``--json``: the arguments, every job's result and the medians."""
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "runs": runs, "median": median}, f, indent=1)

@@ -40,12 +40,11 @@ import functools
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 
+from _common import launch_job
+
 HERE = os.path.abspath(__file__)
-BIN = os.path.dirname(sys.executable)
 
 
 def _median_ms(fn, steps: int, warmup: int, barrier) -> float:
@@ -147,15 +146,7 @@ def _launch(backend: str, args: argparse.Namespace) -> dict:
     own = [HERE, "--worker", "--backend", backend] + [
         f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("width", "layers", "batch", "steps", "warmup", "threads", "bucket_mb", "idle_ms")
     ] + (["--bucket-view"] if args.bucket_view else [])
-    if backend == "mpi":
-        cmd = [os.path.join(BIN, "mpiexec"), "-n", "2", sys.executable, *own]
-    else:
-        cmd = [os.path.join(BIN, "polydist"), "run", "--nproc-per-node", "2", "--backend", backend, *own]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    for line in out.stdout.splitlines():
-        if "RESULT " in line:  # polydist run prefixes lines with [rank0]:
-            return json.loads(line.split("RESULT ", 1)[1])
-    raise RuntimeError(f"{backend} job failed (exit {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    return launch_job(backend, 2, own)
 
 
 def main() -> None:

@@ -34,6 +34,12 @@ averaged across ranks so that every copy takes the same optimizer step.
   global-batch mean for full batches; in the last, uneven batch the sampler
   pads the shorter ranks with a repeated sample, so ``--ddp`` reaches the same
   accuracy up to that one sample, not bit for bit.
+* ``--fsdp``: as ``--ddp``, with the model sharded by FSDP2 instead
+  (``auto_model(model, use_fsdp=True)``: ``fully_shard`` per layer and on
+  the root, over every rank); gradients are averaged by its reduce-scatter.
+  Same accuracy as ``--ddp`` (up to rounding). With ``--checkpoint``, the
+  model and optimizer are saved with ``torch.distributed.checkpoint`` (each
+  rank its shards, into ``PATH.dcp/``) and ``PATH`` names the folder.
 * ``--checkpoint PATH``: a :class:`polydist.Checkpointer` saves the model,
   the optimizer (momentum), the number of finished epochs, torch's RNG state
   and the settings that must not change on resume after each epoch. The file
@@ -57,6 +63,7 @@ Run it with any launcher, or none::
     python examples/train_digits.py            # serial: world size 1
     polydist run --nproc-per-node 2 examples/train_digits.py --ddp --checkpoint ckpt.pt --resume
     polydist run --max-restarts 3 --nproc-per-node 2 examples/train_digits.py --checkpoint ckpt.pt
+    polydist run --backend mpi --nproc-per-node 2 examples/train_digits.py --fsdp --checkpoint ckpt.pt
 """
 
 from __future__ import annotations
@@ -92,7 +99,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hidden", type=int, default=128, help="width of the hidden layer")
     parser.add_argument("--backend", default=None, help="gloo, nccl, ... (default: polydist picks)")
-    parser.add_argument("--ddp", action="store_true", help="train with auto_model/auto_optim/auto_dataloader (DDP)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--ddp", action="store_true", help="train with auto_model/auto_optim/auto_dataloader (DDP)")
+    mode.add_argument("--fsdp", action="store_true", help="as --ddp, with the model sharded by FSDP2 (use_fsdp=True)")
     parser.add_argument(
         "--checkpoint", metavar="PATH", help="save a checkpoint to PATH after each epoch (local rank 0 of each node)"
     )
@@ -100,6 +109,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--resume", action="store_true", help="continue from --checkpoint PATH if it exists (implied after a restart)"
     )
     args = parser.parse_args(argv)
+    args.helpers = args.ddp or args.fsdp  # polydist's auto_* helpers instead of the hand-written averaging
     if args.resume and not args.checkpoint:
         parser.error("--resume needs --checkpoint PATH")
     return args
@@ -200,8 +210,9 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def parameters_identical(model: nn.Module) -> tuple[bool, float]:
-    """Whether every rank holds bit-identical parameters, and the largest difference."""
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    """Whether every rank holds bit-identical parameters (of a sharded model: its gathered parameters), and
+    the largest difference."""
+    flat = torch.cat([getattr(p, "full_tensor", p.detach)().detach().reshape(-1) for p in model.parameters()])
     everyone = pdist.all_gather(flat.unsqueeze(0))  # (world_size, n_params), same on all ranks
     diff = (everyone - everyone[0]).abs().max().item()
     return bool((everyone == everyone[0]).all()), diff
@@ -235,8 +246,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "the global batch is split evenly over the ranks"
         )
     device = pdist.device()
-    # --ddp: the DataLoader batches CPU tensors (pinned memory, when on CUDA) and the loop moves them.
-    x_train, y_train, x_test, y_test = load_data(args.seed, torch.device("cpu") if args.ddp else device)
+    # --ddp/--fsdp: the DataLoader batches CPU tensors (pinned memory, when on CUDA) and the loop moves them.
+    x_train, y_train, x_test, y_test = load_data(args.seed, torch.device("cpu") if args.helpers else device)
     x_test, y_test = x_test.to(device), y_test.to(device)
 
     torch.manual_seed(args.seed)
@@ -246,15 +257,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with torch.no_grad():
         for p in model.parameters():
             pdist.broadcast(p, src=0)
-    net = model  # the plain module: evaluated, compared and saved in both modes
-    if args.ddp:
-        model = pdist.auto_model(model)
+    if args.helpers:
+        model = pdist.auto_model(model, use_fsdp=args.fsdp)  # --fsdp: sharded in place
+    net = getattr(model, "module", model)  # without DDP's wrapper: evaluated, compared and saved in every mode
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    if args.ddp:
+    if args.helpers:
         optimizer = pdist.auto_optim(optimizer)
     checkpointer, start_epoch, restarts = resume_or_start(args, net, optimizer)
     resume = checkpointer is not None and (args.resume or restarts > 0)
-    if args.ddp:
+    if args.helpers:
         loader = pdist.auto_dataloader(
             TensorDataset(x_train, y_train), batch_size=args.batch_size, shuffle=True, seed=args.seed
         )
@@ -265,7 +276,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"world size {world}, backend {pdist.backend() or 'none (serial)'}, device {device}; "
             f"{len(x_train)} train / {len(x_test)} test samples, "
             f"batch {args.batch_size} global = {args.batch_size // world} per rank"
-            + ("; DistributedDataParallel (--ddp)" if args.ddp else "")
+            + ("; DistributedDataParallel (--ddp)" if args.ddp else "; FSDP2 fully_shard (--fsdp)" if args.fsdp else "")
             + (f"; restart {restarts}" if restarts else "")
         )
         if resume:
@@ -282,7 +293,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         disable=not main_rank, file=sys.stdout,
     )
     for epoch in bar:
-        if args.ddp:
+        if args.helpers:
             loss = train_epoch_ddp(model, optimizer, loader)
         else:
             loss = train_epoch(model, optimizer, x_train, y_train, args.batch_size, args.seed + epoch)

@@ -59,8 +59,12 @@ def backend_kind(request) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    """On horovod worlds, skip the tests marked as needing what Horovod lacks (polydist raises NotImplementedError there)."""
+    """On horovod worlds, skip the tests marked as needing what Horovod lacks (polydist raises NotImplementedError there);
+    outside make test-heavy, skip the tests marked heavy."""
+    heavy = os.environ.get("POLYDIST_TEST_HEAVY") == "1"
     for item in items:
+        if item.get_closest_marker("heavy") and not heavy:
+            item.add_marker(pytest.mark.skip(reason="heavy: make test-heavy runs it"))
         kind = getattr(item, "callspec", None) and item.callspec.params.get("backend_kind")
         if kind != "horovod":
             continue

@@ -18,12 +18,19 @@ few epochs; after a restart, load the newest complete checkpoint and go on.
 * **Safe to load.** ``torch.load(weights_only=True)``: bytes from a disk or
   another rank run no code; a file that does not load is skipped (with a
   warning) rather than trusted.
-* **Plain ``torch.save``, not ``torch.distributed.checkpoint``.** DCP writes
-  each rank's shard of a sharded model (FSDP, DTensor) in parallel to a
-  shared directory. Replicated state (DDP, hand-averaged gradients, Horovod)
-  is the same on every rank, so one file per node is all there is to write,
-  and it needs no shared storage. Sharded state raises ``TypeError`` here:
-  use ``torch.distributed.checkpoint`` for it.
+* **Replicated state: plain ``torch.save``.** Replicated state (DDP,
+  hand-averaged gradients, Horovod) is the same on every rank, so one file
+  per node is all there is to write, and it needs no shared storage.
+* **Sharded state: ``torch.distributed.checkpoint``.** A model whose
+  parameters are DTensors (``auto_model(model, use_fsdp=True)``, any
+  ``fully_shard``) and its optimizer are saved with DCP, which writes each
+  rank's shards in parallel and loads them back on any world size
+  (resharding). Every rank writes into ``PATH.dcp/epoch-N/`` (a folder all
+  ranks see: one node, or a shared file system, as DCP requires); once DCP
+  has finished, rank 0 writes ``PATH`` atomically, naming that folder, with
+  the epoch, settings, RNG state and the other objects' state; then removes
+  older folders. A save killed at any moment leaves ``PATH`` naming the
+  previous complete folder.
 """
 
 from __future__ import annotations
@@ -39,12 +46,13 @@ from typing import Any, Mapping, Optional
 import torch
 
 from . import context
-from .collectives.broadcast import broadcast
+from .collectives.broadcast import barrier, broadcast
 from .collectives.gather import all_gather
 
 __all__ = ["Checkpointer", "save_atomic"]
 
 _TMP_SUFFIX = ".tmp"
+_DCP_KEYS = ("model", "optimizer")  # what goes through torch.distributed.checkpoint when the model is sharded
 
 
 def save_atomic(path: str, state: Any) -> None:
@@ -98,12 +106,20 @@ def _unwrap(model: Any) -> Any:
     return getattr(model, "module", model) if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
+def _is_sharded(model: Any) -> bool:
+    """True when ``model`` holds DTensor parameters (FSDP2, tensor parallel): its state is saved with DCP."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(model, torch.nn.Module) and any(isinstance(p, DTensor) for p in model.parameters())
+
+
 def _check_replicated(state: Mapping[str, Any], what: str) -> None:
     for key, value in state.items():
         if type(value).__name__ in ("DTensor", "ShardedTensor"):
             raise TypeError(
                 f"Checkpointer: {what} entry {key!r} is a {type(value).__name__} (sharded state); Checkpointer "
-                "saves replicated state, one copy per node: use torch.distributed.checkpoint for sharded models"
+                "saves replicated state with torch.save, and a model= whose parameters are DTensors (with its "
+                "optimizer=) through torch.distributed.checkpoint; for other sharded state, use torch.distributed.checkpoint"
             )
 
 
@@ -132,8 +148,12 @@ class Checkpointer:
         **stateful: more objects with ``state_dict``/``load_state_dict``
             (an LR scheduler, a sampler...), saved under their keyword.
 
-    The state must be replicated (the same on every rank). torch's CPU RNG
-    state is saved and restored too. Source: the pattern torchrun's
+    The state must be replicated (the same on every rank), except a sharded
+    ``model`` (DTensor parameters, e.g. ``auto_model(..., use_fsdp=True)``)
+    and its ``optimizer``, which go through ``torch.distributed.checkpoint``
+    (module docstring): :meth:`save` is then a collective and the folder of
+    ``path`` must be one that every rank sees. torch's CPU RNG state is
+    saved and restored too. Source: the pattern torchrun's
     documentation asks of a train script that may be restarted (load the
     latest checkpoint at start, save periodically), with atomic saves and
     without a shared file system.
@@ -161,6 +181,7 @@ class Checkpointer:
         self.every = every
         self.settings = dict(settings or {})
         self._objects = {key: obj for key, obj in objects.items() if obj is not None}
+        self._sharded = _is_sharded(model)  # then the model and its optimizer go through DCP, the rest into the file
         self.resumed_from: Optional[dict] = None  # {"epoch", "world_size", "rank"} of the checkpoint resumed from
 
     # ------------------------------------------------------------------ saving
@@ -169,19 +190,69 @@ class Checkpointer:
         """The state :meth:`save` writes for ``epoch`` finished epochs."""
         state: dict = {"epoch": epoch, "world_size": context.get_world_size(), "time": time.time()}
         for key, obj in self._objects.items():
+            if self._sharded and key in _DCP_KEYS:
+                continue
             sd = _unwrap(obj).state_dict()
             _check_replicated(sd, key)
             state[key] = sd
         state["rng"] = torch.get_rng_state()
         state["settings"] = dict(self.settings)
+        if self._sharded:
+            state["dcp"] = os.path.basename(self._folder(epoch))
         return state
+
+    def _folder(self, epoch: int) -> str:
+        return os.path.join(f"{self.path}.dcp", f"epoch-{epoch}")
+
+    def _dcp_state(self) -> dict:
+        """The sharded model's and optimizer's state dicts, as DCP saves and loads them (DTensor values)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = _unwrap(self._objects["model"]), self._objects.get("optimizer")
+        model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else ())
+        return {"model": model_sd, "optimizer": optim_sd} if optimizer is not None else {"model": model_sd}
+
+    def _save_sharded(self, epoch: int) -> None:
+        """Every rank: DCP into a fresh folder; then rank 0: the file naming it, and older folders removed."""
+        import shutil
+
+        import torch.distributed.checkpoint as dcp
+
+        folder = self._folder(epoch)
+        if context.get_rank() == 0:
+            shutil.rmtree(folder, ignore_errors=True)  # a save of this epoch killed before: never named by PATH
+        barrier()
+        dcp.save(self._dcp_state(), checkpoint_id=folder)  # returns once the metadata is written
+        if context.get_rank() == 0:
+            save_atomic(self.path, self.state(epoch))
+            for name in os.listdir(os.path.dirname(folder)):
+                if name != os.path.basename(folder):
+                    shutil.rmtree(os.path.join(os.path.dirname(folder), name), ignore_errors=True)
+
+    def _load_sharded(self, state: Mapping[str, Any]) -> None:
+        """Every rank: the DCP folder the file names, resharded onto this world, into the model and optimizer."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        name = state.get("dcp")
+        if not isinstance(name, str) or os.path.basename(name) != name:
+            raise ValueError(f"Checkpointer: {self.path} names no sharded state folder (dcp={name!r})")
+        loaded = self._dcp_state()
+        with warnings.catch_warnings():  # serial: loading in one process is the intent, not a fallback to warn of
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(loaded, checkpoint_id=os.path.join(f"{self.path}.dcp", name), no_dist=context.get_world_size() == 1)
+        optimizer = self._objects.get("optimizer")
+        set_state_dict(_unwrap(self._objects["model"]), optimizer if optimizer is not None else (),
+                       model_state_dict=loaded["model"], optim_state_dict=loaded.get("optimizer", {}))
 
     def save(self, epoch: int, *, force: bool = False) -> bool:
         """Checkpoint after ``epoch`` finished epochs, when ``epoch % every == 0`` (or ``force``).
 
         Call it on every rank; local rank 0 of each node writes (atomically,
         see the module docstring), the others return at once. No
-        communication. Returns whether a checkpoint was due (on every rank alike).
+        communication, except with a sharded model: then every rank writes
+        its shards (DCP, a collective) and rank 0 the file. Returns whether a
+        checkpoint was due (on every rank alike).
 
         Raises:
             ValueError: ``epoch`` is not a non-negative int.
@@ -192,7 +263,9 @@ class Checkpointer:
             raise ValueError(f"Checkpointer.save: epoch must be a non-negative int, got {epoch!r}")
         if not force and epoch % self.every:
             return False
-        if context.get_local_rank() == 0:
+        if self._sharded:
+            self._save_sharded(epoch)
+        elif context.get_local_rank() == 0:
             save_atomic(self.path, self.state(epoch))
         return True
 
@@ -241,16 +314,23 @@ class Checkpointer:
                 state = _load(data)
         if state is None:
             return 0
-        self._check_settings(state)
+        through_dcp = _DCP_KEYS if "dcp" in state else ()  # saved sharded: loaded resharded, onto any model
+        if self._sharded and not through_dcp:
+            raise ValueError(f"Checkpointer: {self.path} holds a replicated model; this Checkpointer's model is sharded "
+                             "(DTensor parameters): resume it unsharded, then shard it")
+        self._check_settings(state, skip=through_dcp)
         for key, obj in self._objects.items():
-            _unwrap(obj).load_state_dict(state[key])
+            if key not in through_dcp:
+                _unwrap(obj).load_state_dict(state[key])
+        if through_dcp and "model" in self._objects:
+            self._load_sharded(state)
         if isinstance(state.get("rng"), torch.Tensor):
             torch.set_rng_state(state["rng"])
         self.resumed_from = {"epoch": state["epoch"], "world_size": state.get("world_size"), "rank": holder}
         return state["epoch"]
 
-    def _check_settings(self, state: Mapping[str, Any]) -> None:
-        missing = [key for key in self._objects if key not in state]
+    def _check_settings(self, state: Mapping[str, Any], skip: tuple = ()) -> None:
+        missing = [key for key in self._objects if key not in state and key not in skip]
         if missing:
             raise ValueError(f"Checkpointer: {self.path} holds no {', '.join(missing)} (it has {sorted(state)})")
         saved = state.get("settings") or {}

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from . import fsdp
 from .collectives.broadcast import broadcast
 from .backends import horovod as horovod_backend
 from .context import backend, device, get_nproc_per_node, get_rank, get_world_size, require_group
@@ -48,8 +49,8 @@ def _sync_bn_supported(dev: torch.device) -> bool:
 # ---------------------------------------------------------------- model and optimizer
 
 
-def auto_model(model: nn.Module, sync_bn: bool = False, **ddp_kwargs: Any) -> nn.Module:
-    """Adapt ``model`` to the current world: on :func:`polydist.device`, wrapped in DDP when distributed.
+def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = False, **ddp_kwargs: Any) -> nn.Module:
+    """Adapt ``model`` to the current world: on :func:`polydist.device`, wrapped in DDP (or sharded) when distributed.
 
     * The model is moved **in place** (``model.to(device())``): parameters
       keep their identity, so an optimizer created before still holds them.
@@ -75,6 +76,26 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **ddp_kwargs: Any) -> nn
     ``nn.Module``, :class:`polydist.NotInitializedError` when launched on
     several ranks without a process group.
 
+    * ``use_fsdp=True`` (world size > 1): sharded with FSDP2 instead of DDP,
+      on every backend (gloo, nccl, mpi, horovod...). Rank 0's parameters
+      and buffers are broadcast first (so every rank shards the same model;
+      DTensor parameters of a tensor-parallel model are left as they are),
+      then ``torch.distributed.fsdp.fully_shard`` is applied to each direct
+      child that holds parameters and to the model itself, over a 1-D
+      ``DeviceMesh`` of the world (``init_device_mesh(device type, (world
+      size,))``). ``**ddp_kwargs`` then go to every ``fully_shard`` call
+      (``mesh``, ``reshard_after_forward``, ``mp_policy``,
+      ``offload_policy``, ...; others raise ``TypeError``). The model is
+      sharded in place and returned (its class becomes an ``FSDPModule``;
+      parameters become ``DTensor`` shards, so create the optimizer after
+      this call); its backward averages gradients over the ranks, as DDP's
+      does. An already sharded model is returned as it is. ``sync_bn`` with
+      ``use_fsdp`` raises ``ValueError``. :class:`polydist.Checkpointer`
+      saves and resumes the sharded model and its optimizer through
+      ``torch.distributed.checkpoint``. The keyword is the
+      one of ignite's FSDP2 pull request (pytorch/ignite#3733), so idist code
+      written for it runs unchanged; Lightning Fabric calls the same
+      ``ModelParallelStrategy``, Accelerate ``FullyShardedDataParallelPlugin(fsdp_version=2)``.
     * On the horovod backend (world size > 1), as idist does there: rank 0's
       parameters and buffers are broadcast (``hvd.broadcast_parameters``)
       and the model is returned unwrapped; the optimizer from
@@ -89,10 +110,14 @@ def auto_model(model: nn.Module, sync_bn: bool = False, **ddp_kwargs: Any) -> nn
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"auto_model expects a torch.nn.Module, got {type(model).__name__}")
+    if use_fsdp and sync_bn:
+        raise ValueError("auto_model: sync_bn=True and use_fsdp=True do not go together (FSDP2 shards, SyncBatchNorm needs DDP)")
     dev = device()
     model.to(dev)
     if not _distributed() or isinstance(model, DistributedDataParallel):
         return model
+    if use_fsdp:
+        return model if fsdp.is_sharded(model) else fsdp.shard(model, dev, ddp_kwargs)
     if _on_horovod():
         horovod_backend.hvd().broadcast_parameters(model.state_dict(), root_rank=0)
         return model

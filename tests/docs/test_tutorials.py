@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from _world import mpiexec
+from _world import mpi_job_env, mpiexec
 from conftest import ROOT, _mpi_missing
 from training.test_examples import _launch  # polydist run --nproc-per-node N --backend gloo, asserts exit 0
 
@@ -144,3 +144,28 @@ def test_tutorial_snippets_point_at_whole_definitions():
             assert first.startswith(("def ", "@")) or first.startswith("    def "), f"{where} starts at {first!r}"
             assert lines[end - 1].startswith((" ", "\t")), f"{where} ends outside the definition: {lines[end - 1]!r}"
             assert not after.startswith((" ", "\t")), f"{where} stops inside the definition, before {after!r}"
+
+
+# ------------------------------------------------------------ sharded_training.py (issue 27)
+
+
+def _sharded_lines(out: str, backend: str) -> None:
+    assert "WRONG" not in out
+    assert f"[rank0]: sharded training on {backend}: all results as expected on 2 ranks" in out
+    for r in (0, 1):
+        assert f"rank {r}: FSDP2 after 3 steps == the unsharded model -> True" in out
+        assert f"rank {r}: Checkpointer resume of the sharded model: epoch 3, same weights -> True" in out
+        assert f"rank {r}: tensor parallel: this rank holds 16 of 32 hidden units -> True" in out
+
+
+@pytest.mark.heavy  # make test runs it on MPI (below); gloo's FSDP2 and TP are in tests/backends, tests/training
+@pytest.mark.timeout(120)
+def test_sharded_training_gloo(cli_env):
+    _sharded_lines(_launch(2, _script("sharded_training.py"), env=cli_env), "gloo")
+
+
+@needs_mpi
+@pytest.mark.timeout(120)
+def test_sharded_training_mpi(cli_env):
+    cmd = ["polydist", "run", "--backend", "mpi", "--nproc-per-node", "2", _script("sharded_training.py")]
+    _sharded_lines(_run(cmd, env=mpi_job_env(cli_env)), "mpi4py")

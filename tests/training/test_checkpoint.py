@@ -56,9 +56,21 @@ def _epoch(path) -> int:
     return torch.load(path, weights_only=True)["epoch"]
 
 
+def _model(path) -> dict:
+    """The model a checkpoint holds; of a sharded one (--fsdp), read back from the DCP folder its file names."""
+    state = torch.load(path, weights_only=True)
+    if "dcp" not in state:
+        return state["model"]
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    whole = f"{path}.whole"
+    dcp_to_torch_save(os.path.join(f"{path}.dcp", state["dcp"]), whole)
+    return torch.load(whole, weights_only=True)["model"]
+
+
 def _max_difference(path_a, path_b) -> float:
     """Largest absolute difference between the models saved in two checkpoints."""
-    a, b = (torch.load(p, weights_only=True)["model"] for p in (path_a, path_b))
+    a, b = (_model(p) for p in (path_a, path_b))
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
@@ -116,6 +128,25 @@ def two_ranks_ddp(cli_env, tmp_path_factory):
     """(stdout, final checkpoint) of an uninterrupted 2-rank --ddp run."""
     path = str(tmp_path_factory.mktemp("ddp") / "ddp.pt")
     return _two_ranks("--ddp", "--checkpoint", path, env=cli_env), path
+
+
+@pytest.fixture(scope="module")
+def two_ranks_fsdp(cli_env, tmp_path_factory):
+    """(stdout, final checkpoint) of an uninterrupted 2-rank --fsdp run (issue 27)."""
+    path = str(tmp_path_factory.mktemp("fsdp") / "fsdp.pt")
+    return _two_ranks("--fsdp", "--checkpoint", path, env=cli_env), path
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_fsdp_reaches_the_accuracy_of_ddp(two_ranks_fsdp, two_ranks_ddp):
+    (fsdp_out, path), (ddp_out, ddp_path) = two_ranks_fsdp, two_ranks_ddp
+    assert "FSDP2 fully_shard (--fsdp)" in fsdp_out
+    assert "[rank0]: parameters identical on all 2 ranks" in fsdp_out
+    assert abs(_accuracy(fsdp_out) - _accuracy(ddp_out)) <= 0.01
+    # DCP's folder, named by the file, holds the same model as DDP's file up to the rounding of
+    # reduce-scatter vs all-reduce (the --fsdp and --ddp runs see the same batches)
+    assert sorted(os.listdir(path + ".dcp")) == [f"epoch-{EPOCHS}"] and _epoch(path) == EPOCHS
+    assert _max_difference(path, ddp_path) < 1e-4
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
@@ -179,14 +210,17 @@ def test_sigkill_mid_epoch_then_resume(two_ranks_ddp, cli_env, tmp_path):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the job's processes in /proc")
+@pytest.mark.parametrize("mode", ["--ddp", pytest.param("--fsdp", marks=pytest.mark.heavy)])
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 30)
-def test_max_restarts_survives_a_rank_sigkilled_mid_run(two_ranks_ddp, cli_env, tmp_path):
+def test_max_restarts_survives_a_rank_sigkilled_mid_run(mode, cli_env, tmp_path, request):
     """Issue 15's bar: `polydist run --max-restarts 3` with rank 1 SIGKILLed mid-run finishes by itself, exit 0,
-    with the model of an uninterrupted run (resumed from the checkpoint after the restart, same world size)."""
+    with the model of an uninterrupted run (resumed from the checkpoint after the restart, same world size).
+    Issue 27: also with the model sharded (--fsdp: saved and resumed through torch.distributed.checkpoint)."""
+    reference = request.getfixturevalue("two_ranks_" + mode[2:])
     path = str(tmp_path / "ckpt.pt")
     cmd = [
         "polydist", "run", "--max-restarts", "3", "--nproc-per-node", "2",
-        EXAMPLE, "--epochs", str(EPOCHS), "--ddp", "--checkpoint", path,
+        EXAMPLE, "--epochs", str(EPOCHS), mode, "--checkpoint", path,
     ]
     job = subprocess.Popen(cmd, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -216,5 +250,5 @@ def test_max_restarts_survives_a_rank_sigkilled_mid_run(two_ranks_ddp, cli_env, 
     resumed = re.search(r"resuming from .* after epoch (\d+) \(saved on 2 ranks\)", out)
     assert resumed and killed_after <= int(resumed.group(1)) < EPOCHS, out
     # Same world size: the very same model, bit for bit, as the uninterrupted run.
-    assert _accuracy(out) == _accuracy(two_ranks_ddp[0]) >= 0.95
-    assert _epoch(path) == EPOCHS and _max_difference(path, two_ranks_ddp[1]) == 0.0
+    assert _accuracy(out) == _accuracy(reference[0]) >= 0.95
+    assert _epoch(path) == EPOCHS and _max_difference(path, reference[1]) == 0.0

@@ -179,3 +179,34 @@ def test_resume_on_ranks_without_any_checkpoint_starts_at_zero(world3, tmp_path)
     out = world3.run(_on_resume_from_newest, str(tmp_path / "none"), {}, -1)
     expected = torch.cat([p.detach().reshape(-1) for p in _model(7).parameters()]).tolist()
     assert [start for start, *_ in out] == [0, 0, 0] and all(flat == expected for _, flat, _, _ in out)
+
+
+# ------------------------------------------------------------ sharded models (issue 27): through torch.distributed.checkpoint
+
+
+def _on_sharded(path: str, epoch: int, seed: int):
+    """An FSDP2 model (auto_model(use_fsdp=True)) with momentum state; save at ``epoch`` when given, else resume.
+    Returns (finished epochs, the full parameters, the full momentum buffers) on every rank."""
+    model = pd.auto_model(_model(seed), use_fsdp=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    ckpt = pd.Checkpointer(path, model=model, optimizer=opt, settings={"lr": 0.1})
+    done = ckpt.save(epoch) and epoch if epoch else ckpt.resume()
+    full = [p.full_tensor().detach() for p in model.parameters()]
+    momenta = [opt.state[p]["momentum_buffer"].full_tensor() for p in model.parameters()]
+    return done, full, momenta
+
+
+def test_sharded_model_resumes_on_another_world_size_and_serially(world3, world2, tmp_path):
+    path = str(tmp_path / "fsdp.pt")
+    saved = world3.run(_on_sharded, path, 4, 1)[0]
+    assert os.listdir(path + ".dcp") == ["epoch-4"] and torch.load(path, weights_only=True)["dcp"] == "epoch-4"
+    for done, full, momenta in world2.run(_on_sharded, path, 0, 2):  # other weights and momenta before resuming
+        assert done == 4
+        assert all(torch.equal(a, b) for a, b in zip(full, saved[1]))
+        assert all(torch.equal(a, b) for a, b in zip(momenta, saved[2]))
+    model, opt = _trained(3)  # serial: the same state, gathered into a plain model and optimizer
+    assert pd.Checkpointer(path, model=model, optimizer=opt, settings={"lr": 0.1}).resume() == 4
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), saved[1]))
+    assert all(torch.equal(opt.state[p]["momentum_buffer"], m) for p, m in zip(model.parameters(), saved[2]))

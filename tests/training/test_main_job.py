@@ -75,3 +75,14 @@ def test_main_job_on_mpi(cli_env):
     assert "world size 2, backend mpi4py" in out.stdout
     assert "[rank0]: final test accuracy: 0.9694" in out.stdout  # as make demo's gloo run
     assert "[rank0]: parameters identical on all 2 ranks" in out.stdout
+
+
+@pytest.mark.skipif(bool(_mpi_missing()), reason=_mpi_missing() or "-")
+def test_fsdp_on_mpi_reaches_the_same_accuracy(two_ranks, cli_env):
+    """Issue 27: `--fsdp` (FSDP2 via auto_model(use_fsdp=True)) on `--backend mpi` learns as gloo's run does."""
+    out = subprocess.run(["polydist", "run", "--backend", "mpi", "--nproc-per-node", "2", EXAMPLE, *SMALL, "--fsdp"],
+                         env=mpi_job_env(cli_env), capture_output=True, text=True, timeout=200)
+    assert out.returncode == 0, out.stderr
+    assert "world size 2, backend mpi4py" in out.stdout and "FSDP2 fully_shard (--fsdp)" in out.stdout
+    assert "[rank0]: parameters identical on all 2 ranks" in out.stdout
+    assert abs(_accuracy(out.stdout) - _accuracy(two_ranks)) <= 0.01

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["unflatten", "byte_counts"]
+__all__ = ["unflatten", "byte_counts", "overlaps", "apart", "own_slot"]
 
 
 def unflatten(flat: torch.Tensor, outs: list, by_bytes: bool = False) -> None:
@@ -30,3 +30,39 @@ def byte_counts(t: torch.Tensor, splits: Sequence[int], size: int, what: str) ->
     if len(splits) != size or sum(splits) != rows:
         raise ValueError(f"all_to_all_single: {what} split sizes {list(splits)} do not split dim 0 ({rows}) into {size}")
     return [s * row_bytes for s in splits]
+
+
+# ---------------------------------------------------------------- aliasing
+
+# torch.distributed's callers may pass inputs that alias their outputs: FSDP2 all-gathers in
+# place (its input is this rank's slice of the output, torch.ops.fsdp.all_gather_copy_in), and any
+# caller may hand views of one buffer to all_gather_into_tensor or reduce_scatter_tensor. MPI forbids
+# overlapping send and receive buffers unless the send buffer is MPI_IN_PLACE (MPI 4.1, 2.3 and 6.1).
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range ``[start, end)`` that ``t``'s elements occupy (strides are never negative in torch)."""
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (extent + 1) * t.element_size()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` may share memory (their byte ranges intersect; conservative for strided views)."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def apart(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """``src``, or a contiguous copy of it when it overlaps ``dst``: what a send buffer must be where MPI has no in-place form."""
+    return src.clone(memory_format=torch.contiguous_format) if overlaps(src, dst) else src
+
+
+def own_slot(inp: torch.Tensor, out: torch.Tensor, rank: int) -> bool:
+    """True when contiguous ``inp`` is exactly slot ``rank`` of contiguous ``out`` (bytes ``rank * inp.nbytes`` on):
+    the layout of an in-place all-gather, which MPI runs with ``MPI_IN_PLACE``."""
+    return (
+        inp.numel() > 0 and inp.is_contiguous() and out.is_contiguous()
+        and inp.data_ptr() == out.data_ptr() + rank * inp.nbytes
+    )  # fmt: skip

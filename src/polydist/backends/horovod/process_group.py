@@ -35,6 +35,10 @@ How torch.distributed's operations map onto Horovod's (``horovod.torch``
   every rank of the job, torch creates a subgroup's backend on its members
   only. ``ignite.distributed`` raises the same for groups on Horovod.
 
+Inputs may alias outputs (FSDP2 all-gathers in place): Horovod returns new
+tensors, which are copied into the outputs after the exchange has read the
+inputs, so no op needs a copy of its own for that.
+
 Operations run in call order on one worker thread per group
 (:class:`~polydist.backends.work.Lane`), so ``async_op=True`` returns at once
 and a future completes without ``wait()`` (DDP overlaps its gradient

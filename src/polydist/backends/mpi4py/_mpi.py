@@ -144,11 +144,6 @@ def reduce_setup(t: torch.Tensor, op: Any) -> tuple[str, Any, Optional[torch.dty
     return name, _OPS[name], None
 
 
-def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` share bytes: MPI forbids a send buffer that aliases the receive buffer."""
-    return a.data_ptr() < b.data_ptr() + b.nbytes and b.data_ptr() < a.data_ptr() + a.nbytes
-
-
 def address(t: torch.Tensor) -> Any:
     """``t``'s memory as an MPI buffer (``t`` contiguous, on the CPU)."""
     return MPI.buffer.fromaddress(t.data_ptr(), t.nbytes)

@@ -36,6 +36,12 @@ How operations map onto MPI:
 * Every operation is an event ``"<backend>:<op>"`` (``mpi:all_reduce``,
   ``mpi:send``, ...) with its input shapes in ``torch.profiler`` and the
   autograd profiler, as PyTorch's built-in backends record.
+* Inputs may alias outputs (FSDP2 all-gathers in place): an all-gather whose
+  input is this rank's slot of the output, and an all-to-all over one buffer
+  with the same splits on both sides, run with ``MPI_IN_PLACE``; any other
+  overlap copies the input first (``MPI_Reduce_scatter_block``'s in-place
+  form reads the input from the output buffer, which is not torch's aliasing).
+  The list, coalesced and rooted forms stage through buffers of their own.
 * Tensors are passed by address (``MPI.buffer.fromaddress``): no copy for
   contiguous CPU tensors. CUDA tensors are rejected with a ``ValueError``
   (the backend is registered for the ``cpu`` device only).
@@ -50,7 +56,7 @@ import torch.distributed as dist
 
 from . import _mpi
 from ..python_group import PythonProcessGroup, opt
-from ..tensors import byte_counts, unflatten
+from ..tensors import apart, byte_counts, own_slot, unflatten
 from ..work import StatusRequest, Work, profiling, request_work
 
 __all__ = ["MPIProcessGroup"]
@@ -179,8 +185,8 @@ class MPIProcessGroup(PythonProcessGroup):
             with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
                 if wide is not None:
                     src_w, dst_w = src.to(wide), torch.empty(dst.shape, dtype=wide)
-                else:
-                    src_w, dst_w = src, dst
+                else:  # MPI_IN_PLACE here means "the input is in the output buffer", not torch's aliasing: a copy
+                    src_w, dst_w = apart(src, dst), dst
                 self.comm.Reduce_scatter_block(_mpi.typed(src_w), _mpi.typed(dst_w), mpi_op)
                 if name == "AVG":
                     dst_w.div_(size)
@@ -213,10 +219,14 @@ class MPIProcessGroup(PythonProcessGroup):
         _mpi.check_cpu(input)
         _mpi.check_cpu(output)
 
+        me = self.comm.Get_rank()
+
         def body() -> None:
-            # In-place gathers (DeepSpeed's ZeRO) pass this rank's chunk of the output as the input: copied first.
-            source = input.clone() if _mpi.overlaps(input, output) else input
-            with _mpi.Contiguous(source, write_back=False) as src, _mpi.Contiguous(output) as dst:
+            if own_slot(input, output, me):  # FSDP2's in-place all-gather
+                self.comm.Allgather(_mpi.MPI.IN_PLACE, _mpi.raw(output))
+                return
+            with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
+                src = apart(src, dst)  # held here: MPI reads the memory by address
                 self.comm.Allgather(_mpi.raw(src), _mpi.raw(dst))
 
         return self._run("all_gather_into_tensor", body, output, opts, [input])
@@ -321,6 +331,13 @@ class MPIProcessGroup(PythonProcessGroup):
 
         def body() -> None:
             with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
+                if src.data_ptr() == dst.data_ptr() and send == recv:  # the same buffer, the same layout
+                    if send is None:
+                        self.comm.Alltoall(_mpi.MPI.IN_PLACE, _mpi.raw(dst))
+                    else:
+                        self.comm.Alltoallv(_mpi.MPI.IN_PLACE, _mpi.counted(dst, recv))
+                    return
+                src = apart(src, dst)
                 if send is None:
                     self.comm.Alltoall(_mpi.raw(src), _mpi.raw(dst))
                 else:
