@@ -18,7 +18,8 @@ def _net(seed: int) -> nn.Module:
 
 
 def _fsdp_vs_ddp():
-    """Ranks start from different weights; both modes must start from rank 0's and train alike."""
+    """Ranks start from different weights; both modes must start from rank 0's and train alike. The replicated
+    path is idist's: DDP, or on horovod the unwrapped model with auto_optim's hvd.DistributedOptimizer."""
     from torch.distributed.fsdp import FSDPModule
 
     r, n = pd.get_rank(), pd.get_world_size()
@@ -26,14 +27,14 @@ def _fsdp_vs_ddp():
     replicated = pd.auto_model(_net(seed=r))
     start = [p.full_tensor().clone() for p in sharded.parameters()]
     same_start = all(torch.equal(a, b) for a, b in zip(start, _net(seed=0).parameters()))
-    opts = [torch.optim.SGD(m.parameters(), lr=0.2) for m in (sharded, replicated)]
+    opts = [torch.optim.SGD(sharded.parameters(), lr=0.2), pd.auto_optim(torch.optim.SGD(replicated.parameters(), lr=0.2))]
     for step in range(3):
         x = torch.randn(5, 6, generator=torch.Generator().manual_seed(10 * step + r))
         for model, opt in zip((sharded, replicated), opts):
             model(x).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()
-    gap = max((a.full_tensor() - b).abs().max().item() for a, b in zip(sharded.parameters(), replicated.module.parameters()))
+    gap = max((a.full_tensor() - b).abs().max().item() for a, b in zip(sharded.parameters(), getattr(replicated, "module", replicated).parameters()))
     moved = min((a.full_tensor() - b).abs().max().item() for a, b in zip(sharded.parameters(), start))
     shard_rows = [p.to_local().shape[0] for p in sharded.parameters()]
     return {"fsdp": isinstance(sharded, FSDPModule) and isinstance(sharded[0], FSDPModule), "same_start": same_start,
@@ -94,6 +95,7 @@ def _fsdp_over_tp_2d():
     return gap, placements
 
 
+@pytest.mark.subgroups
 def test_fsdp_over_tensor_parallel_on_a_2d_mesh(world4):
     for gap, placements in world4.run(_fsdp_over_tp_2d):
         assert gap < 1e-5
