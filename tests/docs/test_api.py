@@ -3,7 +3,7 @@
 Reads docstrings and signatures only (no process group, no site build): a
 name added to ``polydist.__all__`` without a reference entry, a public
 function whose docstring loses its Returns or Raises section, or an error type
-outside ``PolydistError`` fails here.
+outside ``PolydistError`` fails here; so does a front page that points outside the repository.
 """
 
 from __future__ import annotations
@@ -63,3 +63,9 @@ def test_new_group_says_it_may_return_a_list():
     assert "list[int]" in str(inspect.signature(pdist.new_group).return_annotation)
     assert pdist.new_group([0]) == [0]
 
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_front_pages_point_to_the_architecture_page(page):
+    """Not to a design file outside the repository, which a user of it does not have."""
+    text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+    assert "DESIGN.md" not in text and "architecture.md" in text and "contributing.md" in text

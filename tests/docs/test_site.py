@@ -28,7 +28,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = os.path.join(ROOT, "site")
-PAGES = ["", "tutorials/collectives/", "tutorials/mpi/", "reference/collectives/", "reference/context/", "benchmarks/"]
+PAGES = ["", "tutorials/collectives/", "tutorials/mpi/", "reference/collectives/", "reference/context/", "benchmarks/",
+         "architecture/", "contributing/"]
 
 pytestmark = pytest.mark.timeout(300)
 
