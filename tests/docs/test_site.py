@@ -139,6 +139,13 @@ def test_signatures_show_the_types_the_stubs_know(site):
     assert {"all_reduce", "broadcast", "all_gather", "scatter"} <= set(checked), checked
 
 
+def test_no_sphinx_markup_shows(site):
+    """Docstrings' Sphinx roles and literal-block ``::`` render as Markdown (docs/griffe_roles.py)."""
+    for page in glob.glob(os.path.join(SITE, "reference", "*", "index.html")):
+        text = open(page, encoding="utf-8").read()
+        assert not re.search(r"::</p>|:(?:func|class|meth|mod|exc):`", text), page
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_page_renders_without_errors(page, site, browser):
     browser.get(site + page)
