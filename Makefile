@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/polydist run --nproc-per-node 2 examples/train_digits.py
 
-# The whole suite, with the MPI smoke tests also under Open MPI and Intel MPI (tests/backends/test_mpi_runtimes.py).
+# The whole suite, with the MPI smoke tests also under Open MPI and Intel MPI (tests/backends/test_mpi_runtimes.py);
+# it prints its 25 slowest tests. What belongs in it, and the heavier targets below: docs/contributing.md.
 test: $(STAMP) mpi-runtimes
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
 
 # The codec fuzz tests with a long budget (50,000 examples per property, about 5 minutes; make test runs 150).
 fuzz: $(STAMP)

@@ -1,8 +1,10 @@
-"""Griffe extension: Sphinx cross-reference roles in docstrings as Markdown code.
+"""Griffe extension: Sphinx markup in docstrings as Markdown.
 
 polydist's docstrings name other objects the Sphinx way (:func:`all_reduce`,
-:class:`~polydist.Work`); mkdocstrings renders Markdown, where those would
-show their role markup. ``~`` keeps only the last name, as in Sphinx.
+:class:`~polydist.Work`) and introduce literal blocks with a trailing ``::``;
+mkdocstrings renders Markdown, where those would show their markup. ``~``
+keeps only the last name, and ``text::`` becomes ``text:``, as in Sphinx (the
+indented block below is code in Markdown too).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 from griffe import Extension
 
 _ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|exc|obj|py:\w+):`(~?)([^`]+)`")
+_LITERAL = re.compile(r"(?<=\S)::$", re.M)  # a paragraph that ends in "::" introduces a literal block
 
 
 def _code(match: re.Match) -> str:
@@ -22,4 +25,4 @@ def _code(match: re.Match) -> str:
 class SphinxRoles(Extension):
     def on_instance(self, *, obj, **kwargs) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = _ROLE.sub(_code, obj.docstring.value)
+            obj.docstring.value = _LITERAL.sub(":", _ROLE.sub(_code, obj.docstring.value))

@@ -18,7 +18,7 @@ from .context import has_hvd_support, has_native_dist_support, has_xla_support, 
 from .context import registered_computation_models, set_local_rank, show_config, sync
 from .errors import CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError, PolydistError
 from .errors import InvalidGroupError, WorkerFailedError, WorldMismatchError
-from .groups import new_group
+from .groups import NON_MEMBER as NON_GROUP_MEMBER, new_group
 from .helpers import one_rank_first, one_rank_only
 from .launch import Parallel, spawn
 from .environment import restart_count
@@ -44,6 +44,7 @@ __all__ = [
     "Checkpointer",  # checkpoints that restarted jobs resume from
     "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter",  # collectives
     "all_to_all", "all_gather_tensors_with_shapes", "barrier", "send", "recv", "isend", "irecv", "Work", "new_group",
+    "NON_GROUP_MEMBER",
     "one_rank_only", "one_rank_first",  # helpers
     "auto_model", "auto_optim", "auto_dataloader", "DistributedProxySampler",  # training
     "set_debug", "is_debug", "set_allow_pickle",  # settings

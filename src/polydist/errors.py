@@ -81,12 +81,13 @@ class WorkerFailedError(PolydistError):
         self.root_rank = root_rank
 
 
-class InvalidGroupError(TypeError, ValueError):
+class InvalidGroupError(TypeError, ValueError, PolydistError):
     """A ``group`` argument, or a rank list, of the wrong type.
 
     A ``TypeError`` as in torch.distributed, and a ``ValueError`` as in
     ``ignite.distributed`` (which raises that for a bad group), so an
-    ``except`` written for either catches it.
+    ``except`` written for either catches it; a :class:`PolydistError` like
+    polydist's other errors.
     """
 
 

@@ -120,7 +120,7 @@ def _check_ranks(ranks: Any, world_size: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup", int]:
+def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup", int, list[int]]:
     """The process group of global ``ranks`` (any order; duplicates rejected), as ``torch.distributed.new_group``.
 
     Every rank may call it, as torch requires; only members must. Members get
@@ -153,7 +153,7 @@ def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup",
     if state is None:
         require_group()  # raises in a launched job without a group
         _check_rank_types(ranks)
-        return list(ranks)  # type: ignore[return-value]  # serial: the list itself, as ignite (group= takes lists)
+        return list(ranks)  # serial: the list itself, as ignite (group= takes lists)
     key = _check_ranks(ranks, state.size)
     if state.rank not in key:
         _check_backend_has_subgroups(state, key)  # the members raise it too, in _group_of

@@ -14,8 +14,11 @@ API pages must hold rendered entries. Screenshots go to
 from __future__ import annotations
 
 import functools
+import glob
+import html
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +28,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITE = os.path.join(ROOT, "site")
-PAGES = ["", "tutorials/collectives/", "tutorials/mpi/", "reference/collectives/", "reference/context/", "benchmarks/"]
+PAGES = ["", "tutorials/collectives/", "tutorials/mpi/", "reference/collectives/", "reference/context/", "benchmarks/",
+         "architecture/", "contributing/"]
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -82,6 +86,64 @@ def test_site_builds_strict(site):
     for page in PAGES:
         assert os.path.exists(os.path.join(SITE, page, "index.html")), page
     assert os.path.exists(os.path.join(SITE, "results", "bench_5_collectives_gloo_mpi.png"))
+
+
+def _values(annotation: str) -> int:
+    """How many values a rendered return annotation holds: the items of a fixed-length tuple, else one."""
+    match = re.match(r"\s*[Tt]uple\[(.*)\]\s*$", annotation)
+    if not match or "..." in match.group(1):
+        return 1
+    depth, values = 0, 1
+    for char in match.group(1):
+        depth += (char == "[") - (char == "]")
+        values += char == "," and depth == 0
+    return values
+
+
+def _entries(page: str):
+    """(object id, its HTML, its rendered signatures: overloads first, the implementation last) per API entry."""
+    text = open(page, encoding="utf-8").read()
+    for entry in re.split(r'(?=<h[2-6] id="polydist\.)', text)[1:]:
+        signatures = [html.unescape(re.sub(r"<[^>]+>", "", s)).strip()
+                      for s in re.findall(r'<div class="doc-signature highlight">(.*?)</div>', entry, re.S)]
+        yield re.match(r'<h[2-6] id="([^"]+)"', entry).group(1), entry, signatures
+
+
+def _returns_tables(page: str):
+    """(object id, values its signature returns, rows of its Returns table) for each API entry of a built page."""
+    for name, entry, signatures in _entries(page):
+        table = re.search(r"Returns:</span></p>\s*<table>(.*?)</table>", entry, re.S)
+        if table and signatures:
+            yield name, _values(signatures[-1].rsplit("->", 1)[-1]), table.group(1).count('<tr class="doc-section-item">')
+
+
+def test_returns_tables_have_one_row_per_returned_value(site):
+    """A Returns section written as prose renders as one row, not one row per line (issue 32: all_reduce showed 7
+    rows typed Any): no table has more rows than the function's return annotation has values."""
+    pages = glob.glob(os.path.join(SITE, "reference", "*", "index.html"))
+    tables = [table for page in pages for table in _returns_tables(page)]
+    assert len(tables) >= 10, tables  # the check reads the site's markup: it must still find the tables
+    assert [t for t in tables if t[2] > t[1]] == []
+    assert ("polydist.all_reduce", 1, 1) in tables
+
+
+def test_signatures_show_the_types_the_stubs_know(site):
+    """Where a ``.pyi`` has overloads, the reference shows them, and the implementation's signature (annotated
+    ``Any`` in the source) carries their types (docs/griffe_overloads.py), not a bare ``Any`` (issue 32)."""
+    bare = re.compile(r"(?::|->)\s*Any\s*(?:[,=)]|$)")
+    checked = []
+    for name, _, signatures in _entries(os.path.join(SITE, "reference", "collectives", "index.html")):
+        if len(signatures) > 1:
+            checked.append(name.rsplit(".", 1)[-1])
+            assert not bare.search(signatures[-1]) and "_G" not in signatures[0], signatures
+    assert {"all_reduce", "broadcast", "all_gather", "scatter"} <= set(checked), checked
+
+
+def test_no_sphinx_markup_shows(site):
+    """Docstrings' Sphinx roles and literal-block ``::`` render as Markdown (docs/griffe_roles.py)."""
+    for page in glob.glob(os.path.join(SITE, "reference", "*", "index.html")):
+        text = open(page, encoding="utf-8").read()
+        assert not re.search(r"::</p>|:(?:func|class|meth|mod|exc):`", text), page
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -150,6 +150,19 @@ def isend(tensor: Any, dst: int, group: GroupLike = None, tag: int = 0, *, allow
                 w = pdist.irecv(torch.empty(2), src=0)             # rank 1: a Work, at once
             w.wait()                                               # rank 0: None; rank 1: tensor([1., 2.])
 
+    Returns:
+        A :class:`~polydist.Work` at once; its ``wait()`` returns None once
+        ``tensor`` (or the encoded value) has been handed to the backend.
+
+    Raises:
+        ValueError: ``dst`` not in the group, equal to this rank, or a bad
+            ``tag``; a serial run — at the call, before anything is sent.
+        TypeError: a value the codec cannot encode (``ValueError`` when
+            refused for its depth or text) — at the call; the receiver is
+            told and raises too.
+        CollectiveTimeoutError: from ``wait()``, when the receiver does not
+            take it within the collective timeout.
+
     Source: ``torch.distributed.isend``.
     """
     return _SEND.run(group, dst, True, tensor, dst, _check_tag(tag), allow_pickle)
@@ -306,6 +319,22 @@ def irecv(
             else:
                 w = pdist.irecv(None, src=0)             # rank 1: a Work, at once
                 w.wait()                                 # rank 1: {'step': 3}
+
+    Returns:
+        A :class:`~polydist.Work` at once; its ``wait()`` returns what
+        :func:`recv` returns: ``tensor`` filled, or the decoded value.
+
+    Raises:
+        ValueError: ``src`` not in the group, equal to this rank, a bad tag;
+            a serial run — at the call, before anything is received.
+        TypeError: ``tensor`` neither a tensor nor None — at the call; from
+            ``wait()``, the sender's value could not be encoded
+            (``ValueError`` when refused for its depth or text).
+        CollectiveMismatchError: from ``wait()``, a value was expected and
+            something else arrived; in debug mode also a tensor of another
+            shape or dtype.
+        CollectiveTimeoutError: from ``wait()``, when nothing arrives within
+            the collective timeout.
 
     Source: ``torch.distributed.irecv``.
     """

@@ -182,6 +182,30 @@ class Parallel:
     ``timeout=`` (among ``spawn_kwargs``) is the collective timeout, in
     seconds, in both cases (see :func:`spawn`).
 
+    Args:
+        backend: as for :func:`polydist.initialize`; None with
+            ``nproc_per_node`` spawns on nccl with CUDA, else gloo, and
+            without it joins the job as it was launched (or runs serially).
+        nproc_per_node: processes to spawn on this node (>= 1); None: spawn
+            nothing, join the job this process is in.
+        nnodes: number of nodes when spawning (None: 1); > 1 needs
+            ``node_rank`` and node 0's ``master_addr``/``master_port`` (or
+            ``init_method``).
+        node_rank: this node's rank, 0 .. ``nnodes`` - 1 (None: 0).
+        master_addr: node 0's address, for multi-node jobs.
+        master_port: node 0's rendezvous port, for multi-node jobs.
+        init_method: passed to :func:`polydist.initialize` (spawned or
+            joined).
+        **spawn_kwargs: the rest of :func:`spawn`'s keywords (``timeout``,
+            ``max_restarts``).
+
+    Raises:
+        ValueError: at construction, as ``ignite.distributed.Parallel``: an
+            unknown or unavailable ``backend``; ``nnodes``, ``node_rank``,
+            ``master_addr`` or ``master_port`` given with backend None;
+            sizes below 1; multi-node without ``node_rank`` or rendezvous
+            address.
+
     Source: idist ``Parallel``.
     """
 
