@@ -4,6 +4,7 @@
 runs unchanged). README.md describes the API and its semantics.
 """
 
+from . import _wiring
 from .backends import horovod as _horovod_backend
 from .backends import mpi4py as _mpi4py_backend
 from .collectives.broadcast import barrier, broadcast
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 
 _mpi4py_backend.register()  # backend "mpi4py" and init method mpi:// (MPI itself starts on first use)
 _horovod_backend.register()  # backend "horovod" and init method horovod://, where Horovod is installed
+_wiring.wire()  # the hooks the layers run for each other (trace dumps, the comms profile, debug at finalize)
 
 # Spelled out, by topic, for type checkers and linters (py.typed).
 __all__ = [

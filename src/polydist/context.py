@@ -178,10 +178,9 @@ def _init(group_kwargs: dict, info: ProcessInfo, announced: Optional[ProcessInfo
 
 
 # Hooks of the modules that build on this one (which therefore cannot be imported
-# here): called with no argument. on_world_made: whenever a world is made or adopted,
-# from any thread (polydist.trace.dump: the dump's signal handlers); on_initialized:
-# at the end of initialize() (polydist.trace.profile: --profile-comms); on_finalize:
-# in finalize(), while the group lives (the profile's table).
+# here), called with no argument and filled in one place, polydist._wiring.
+# on_world_made: whenever a world is made or adopted, from any thread;
+# on_initialized: at the end of initialize(); on_finalize: in finalize(), while the group lives.
 on_world_made: list = []
 on_initialized: list = []
 on_finalize: list = []
@@ -298,6 +297,9 @@ def require_group() -> Optional[World]:
         NotInitializedError: a launcher started several processes but no
             process group exists yet (serial results would be wrong).
     """
+    state = _world
+    if state is not None and state.pg is _torch.default_pg():  # every collective asks: the common case inline
+        return state
     state = world()
     if state is not None:
         return state
