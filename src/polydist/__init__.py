@@ -4,6 +4,7 @@
 runs unchanged). README.md describes the API and its semantics.
 """
 
+from . import _wiring
 from .backends import horovod as _horovod_backend
 from .backends import mpi4py as _mpi4py_backend
 from .collectives.broadcast import barrier, broadcast
@@ -14,8 +15,8 @@ from .collectives.scatter import all_to_all, scatter
 from .collectives.work import Work
 from .context import available_backends, backend, device, finalize, get_local_rank, get_nnodes, get_node_rank
 from .context import get_nproc_per_node, get_rank, get_world_size, hostname, initialize, is_initialized
-from .context import has_hvd_support, has_native_dist_support, has_xla_support, is_main_process, model_name
-from .context import registered_computation_models, set_local_rank, show_config, sync
+from .context import is_main_process, model_name, set_local_rank, show_config
+from .compat import has_hvd_support, has_native_dist_support, has_xla_support, registered_computation_models, sync
 from .errors import CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError, PolydistError
 from .errors import InvalidGroupError, WorkerFailedError, WorldMismatchError
 from .groups import NON_MEMBER as NON_GROUP_MEMBER, new_group
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 
 _mpi4py_backend.register()  # backend "mpi4py" and init method mpi:// (MPI itself starts on first use)
 _horovod_backend.register()  # backend "horovod" and init method horovod://, where Horovod is installed
+_wiring.wire()  # the hooks the layers run for each other (trace dumps, the comms profile, debug at finalize)
 
 # Spelled out, by topic, for type checkers and linters (py.typed).
 __all__ = [

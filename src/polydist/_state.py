@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Optional
 
-import numpy as np
 import torch
+
+from ._hosts import HOST_BYTES, host_names, host_row  # noqa: F401 - moved; join.py and backends/store.py still import them here
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -32,24 +33,6 @@ class Layout:
     nproc_per_node: int
     nnodes: int
     node_rank: int
-
-
-# Host names cross ranks as fixed-size byte rows (not pickled objects): the mpi:// rendezvous
-# gathers them over MPI, layout_from_hostnames over the new group.
-HOST_BYTES = 256  # a host name is at most 253 bytes (RFC 1035)
-
-
-def host_row(name: str) -> np.ndarray:
-    """``name`` as a zero-padded ``HOST_BYTES``-byte uint8 row."""
-    row = np.zeros(HOST_BYTES, dtype=np.uint8)
-    data = name.encode("utf-8")[: HOST_BYTES - 1]
-    row[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-    return row
-
-
-def host_names(rows: np.ndarray) -> list:
-    """The names in gathered rows (``[n, HOST_BYTES]`` uint8), in rank order; bytes from other ranks decode safely."""
-    return [row.tobytes().rstrip(b"\0").decode("utf-8", "replace") for row in rows.reshape(-1, HOST_BYTES)]
 
 
 class World:
@@ -72,6 +55,8 @@ class World:
 
     __slots__ = ("pg", "rank", "size", "owns_group", "layout", "layout_known", "timeout", "world_group", "groups", "resolved", "warned", "_scratch")
 
+    SCRATCH_LIMIT = 64 << 20  # larger buffers are allocated per call, not kept (their transfer dwarfs the faults)
+
     def __init__(
         self,
         pg: "dist.ProcessGroup",
@@ -89,17 +74,27 @@ class World:
         self.resolved: dict[Any, Any] = {}
         self.world_group: Any = None
         self.warned: set = set()
-        self._scratch: dict[torch.device, torch.Tensor] = {}
+        self._scratch: dict[tuple, torch.Tensor] = {}
+
+    def scratch(self, name: str, nbytes: int, device: torch.device) -> torch.Tensor:
+        """A uint8 buffer of ``nbytes`` on ``device``, reused from call to call under ``name``.
+
+        Fresh memory costs a page fault per 4 KiB on first touch (about as
+        much as copying it), so a buffer that does not outlive its call (send
+        slots, a receive buffer the result is copied out of) is kept: the
+        largest seen per name and device, up to :attr:`SCRATCH_LIMIT` bytes
+        (64 MiB); a larger one is allocated for the call only. Synchronous use
+        only: the next call under ``name`` overwrites it; freed with the world.
+        """
+        key = (name, device)
+        buf = self._scratch.get(key)
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            if nbytes <= self.SCRATCH_LIMIT:
+                self._scratch[key] = buf
+        return buf[:nbytes]
 
     def scratch_copy(self, x: torch.Tensor) -> torch.Tensor:
-        """A contiguous copy of ``x`` in a buffer reused across calls (one per device).
-
-        Reusing it spares the page faults of fresh memory, which cost several
-        times the copy itself at tens of MiB. Synchronous use only: the copy is
-        overwritten by the next call; it is freed with the world.
-        """
-        nbytes = x.numel() * x.element_size()
-        buf = self._scratch.get(x.device)
-        if buf is None or buf.numel() < nbytes:
-            buf = self._scratch[x.device] = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
-        return buf[:nbytes].view(x.dtype).view(x.shape).copy_(x)
+        """A contiguous copy of ``x`` in :meth:`scratch`'s buffer ``"copy"`` (same rules: kept up to 64 MiB)."""
+        buf = self.scratch("copy", x.numel() * x.element_size(), x.device)
+        return buf.view(x.dtype).view(x.shape).copy_(x)

@@ -1,4 +1,4 @@
-"""The current process's distributed context: backend, ranks and node layout.
+"""The current process's distributed context: the live world's lifecycle and the queries about it.
 
 This module owns the state of the live world (:class:`polydist._state.World`):
 it is made by :func:`initialize`, or adopted from a process group the user
@@ -8,23 +8,19 @@ is serial: world size 1, rank 0, and every collective returns its input's
 value. Inside a live group, rank and world size come from the group, never
 from environment variables; the environment is read to create a group, and
 to answer queries before one exists. polydist never writes environment
-variables, so :func:`finalize` has nothing of the user's to undo.
+variables, so :func:`finalize` has nothing of the user's to undo. ignite's
+other names: :mod:`polydist.compat`; gloo's exit workaround: ``polydist._at_exit``.
 """
 
 from __future__ import annotations
 
-import atexit
-import gc
-import importlib.util
 import socket
-import time
-from datetime import timedelta
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from . import _torch, join
+from . import _at_exit, _torch, join
 from ._state import Layout, World
 from .announced import check_group
 from .environment import ProcessInfo, detect
@@ -50,31 +46,13 @@ __all__ = [
     "show_config",
     "set_local_rank",
     "model_name",
-    "sync",
-    "registered_computation_models",
-    "has_native_dist_support",
-    "has_xla_support",
-    "has_hvd_support",
 ]
 
 _world: Optional[World] = None  # the live world's state; see world()
 _local_rank_hint: Optional[int] = None  # set_local_rank(), for user-made groups without LOCAL_RANK
 
-# ignite's flags, under its names
-has_native_dist_support: bool = dist.is_available()
-"""True when this PyTorch has ``torch.distributed`` (ignite's ``idist.has_native_dist_support``)."""
-has_xla_support: bool = importlib.util.find_spec("torch_xla") is not None
-"""True when ``torch_xla`` is installed (ignite's flag; polydist has no XLA backend)."""
-has_hvd_support: bool = importlib.util.find_spec("horovod") is not None
-"""True when ``horovod`` is installed (ignite's flag): ``initialize("horovod")`` then works under ``horovodrun``."""
-
 
 # ---------------------------------------------------------------- set-up
-
-
-def collective_timeout() -> Optional[timedelta]:
-    """The collective timeout :func:`initialize` applied (None: PyTorch's default); subgroups get it too."""
-    return _world.timeout if _world is not None else None
 
 
 def initialize(
@@ -178,47 +156,26 @@ def _init(group_kwargs: dict, info: ProcessInfo, announced: Optional[ProcessInfo
 
 
 # Hooks of the modules that build on this one (which therefore cannot be imported
-# here): called with no argument. on_world_made: whenever a world is made or adopted,
-# from any thread (polydist.trace.dump: the dump's signal handlers); on_initialized:
-# at the end of initialize() (polydist.trace.profile: --profile-comms); on_finalize:
-# in finalize(), while the group lives (the profile's table).
+# here), called with no argument and filled in one place, polydist._wiring.
+# on_world_made: whenever a world is made or adopted, from any thread;
+# on_initialized: at the end of initialize(); on_finalize: in finalize(), while the group lives.
 on_world_made: list = []
 on_initialized: list = []
 on_finalize: list = []
 
 
 def _world_made() -> None:
-    # Registered (again) whenever a world is made, so that it runs before the
-    # exit handlers of anything imported earlier, mpi4py's MPI_Finalize included.
-    atexit.unregister(_finalize_at_exit)
-    atexit.register(_finalize_at_exit)
+    _at_exit.arm(_leave_at_exit)
     for hook in on_world_made:
         hook()
 
 
-def _finalize_at_exit() -> None:
-    """Destroy the group polydist created if the program did not call :func:`finalize`,
-    drop polydist's references to any other, and let gloo's workers finish.
-
-    PyTorch 2.13 with gloo aborts now and then at interpreter exit ("terminate
-    called without an active exception", SIGABRT; about 1 exit in 100 on a
-    loaded machine), which a launcher then reports as a failed rank. The core
-    dump shows why: a gloo worker thread is still destroying the last
-    collective's work object when the main thread starts finalizing; its
-    decref of an output tensor needs the GIL, CPython ends a thread that asks
-    for the GIL during finalization, and the forced unwind through torch's
-    ``noexcept`` worker loop calls ``std::terminate``. Freeing the group here
-    joins its worker threads while the interpreter is whole (polydist's state
-    may hold the last reference, also to a group the user destroyed), and a
-    short sleep releases the GIL to workers of groups others still hold (a
-    DDP model's reducer).
-    """
+def _leave_at_exit() -> None:
+    """At exit: :func:`finalize` a group polydist created and not finalized; forget any other (``polydist._at_exit``)."""
     global _world
-    gc.collect()  # a DDP model is often cyclic garbage by now: free it, and its reference to the group, here
     if _world is not None and _world.owns_group:
         finalize()
     _world = None
-    time.sleep(0.1)  # also after an explicit finalize(): gloo's workers may still be finishing the last work
 
 
 def finalize() -> None:
@@ -298,6 +255,9 @@ def require_group() -> Optional[World]:
         NotInitializedError: a launcher started several processes but no
             process group exists yet (serial results would be wrong).
     """
+    state = _world
+    if state is not None and state.pg is _torch.default_pg():  # every collective asks: the common case inline
+        return state
     state = world()
     if state is not None:
         return state
@@ -375,24 +335,6 @@ def model_name() -> str:
     if state is None:
         return "serial"
     return "horovod-dist" if dist.get_backend(state.pg) == "horovod" else "native-dist"
-
-
-def sync(temporary: bool = False) -> None:
-    """Adopt a process group the user created with ``torch.distributed`` (ignite's ``idist.sync``).
-
-    polydist adopts such a group by itself at the next call, so this is only
-    needed by code written for ignite; ``temporary`` is accepted and ignored.
-    """
-    world()
-
-
-def registered_computation_models() -> list:
-    """The kinds of world polydist runs in, by ignite's names: ``["serial", "native-dist"]``, and
-    ``"horovod-dist"`` where Horovod is installed.
-
-    ignite returns its internal model classes; no user code needs those.
-    """
-    return ["serial", "native-dist"] + (["horovod-dist"] if has_hvd_support else [])
 
 
 def get_nproc_per_node() -> int:

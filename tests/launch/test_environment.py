@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from polydist import cli, environment
+from polydist import _launchers, cli, environment
 from polydist.environment import ProcessInfo, detect, expand_nodelist, slurm_port
 from _world import mpi_flavor, mpi_job_env
 
@@ -131,7 +131,7 @@ def test_srun_two_nodes():
      ("2(x3),1", 5, 1, 2, 2), ("2(x3),1", 6, 0, 3, 1), ("1,2(x2)", 0, 0, 0, 1)],
 )
 def test_srun_nodes_with_different_task_counts(per_node, procid, localid, nodeid, local_world_size):
-    counts = environment._TASK_COUNT.findall(per_node)
+    counts = _launchers.TASK_COUNT.findall(per_node)
     ntasks = sum(int(n) * int(r or 1) for n, r in counts)
     nnodes = sum(int(r or 1) for _, r in counts)
     info = detect(srun(procid, localid, nodeid, ntasks=ntasks, per_node=per_node, nnodes=nnodes))

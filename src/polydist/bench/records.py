@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 from .. import settings
 from .timing import Timing, _distributed
-from .units import bandwidths
+from .units import bandwidths, format_bandwidth
 
-__all__ = ["Record", "format_table", "format_bandwidth", "run_metadata", "write_json", "read_json", "write_markdown"]
+__all__ = ["Record", "format_table", "run_metadata", "write_json", "read_json", "write_markdown"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -99,11 +99,6 @@ class Record:
 
 
 # ---------------------------------------------------------------- tables
-
-
-def format_bandwidth(value: Optional[float]) -> str:
-    """A bandwidth for a table: 4 decimals below 10, 2 above ("-" for None)."""
-    return "-" if value is None else format(value, ".2f" if value >= 10 else ".4f")
 
 
 def _cells(r: Optional[Record]) -> list[str]:

@@ -15,9 +15,9 @@ import numpy as np
 
 from .records import Record, format_table
 from .timing import measure
-from .units import busbw_factor, format_size
+from .units import aligned_columns, busbw_factor, format_size
 
-__all__ = ["CEILING", "memory_ceiling", "add_fractions", "format_report", "plot", "aligned_columns"]
+__all__ = ["CEILING", "memory_ceiling", "add_fractions", "format_report", "plot"]
 
 CEILING = "memory_ceiling"  # the ``collective`` of the ceiling's records in the JSON
 _FACTOR_TEXT = {"all_reduce": "2(n-1)/n", "broadcast": "1", "reduce": "1", "send_recv": "1"}  # others: (n-1)/n
@@ -67,13 +67,6 @@ def add_fractions(records: Sequence[Record], ceiling: Sequence[Record]) -> None:
 
 
 # ---------------------------------------------------------------- output
-
-
-def aligned_columns(rows: list, left: int = 0) -> list:
-    """Rows of cells as aligned lines: the first ``left`` columns to the left, the others to the right."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-            for row in rows]  # fmt: skip
 
 
 def _ceiling_table(records: Sequence[Record], ceiling: Sequence[Record]) -> list:

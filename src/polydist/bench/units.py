@@ -9,7 +9,9 @@ whole per-rank send buffer for all_to_all, the tensor itself otherwise).
 Bandwidths are in **GB/s = 1e9 bytes per second**: ``algbw = size / time``
 and ``busbw = algbw * factor``, with the factor of :data:`BUSBW_FACTORS`
 (e.g. ``2(n-1)/n`` for all_reduce), which makes busbw comparable with the
-hardware's link bandwidth whatever the rank count.
+hardware's link bandwidth whatever the rank count. Also how those numbers are
+shown in a text table. A leaf (the standard library only): the benchmark tool
+and the comms profile (:mod:`polydist.trace.profile_stats`) both build on it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Callable, Optional, Union
 
 __all__ = [
     "KiB", "MiB", "GiB", "parse_size", "format_size", "size_range", "BUSBW_FACTORS", "busbw_factor", "bandwidths",
+    "format_bandwidth", "aligned_columns",
 ]  # fmt: skip
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -97,3 +100,18 @@ def bandwidths(collective: str, size: int, time_s: Optional[float], world_size: 
     algbw = size / time_s / 1e9
     return algbw, algbw * factor
 
+
+
+# ---------------------------------------------------------------- text tables
+
+
+def format_bandwidth(value: Optional[float]) -> str:
+    """A bandwidth for a table: 4 decimals below 10, 2 above ("-" for None)."""
+    return "-" if value is None else format(value, ".2f" if value >= 10 else ".4f")
+
+
+def aligned_columns(rows: list, left: int = 0) -> list:
+    """Rows of cells as aligned lines: the first ``left`` columns to the left, the others to the right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+            for row in rows]  # fmt: skip

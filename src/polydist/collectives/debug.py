@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import reprlib
 
-from .. import codec, context
+from .. import codec
 from ..context import world
 from ..errors import CollectiveMismatchError
 from ..groups import Resolved, resolve
 from ..settings import is_debug, set_debug
 from .frames import all_gather_bytes, decode_all
 
-__all__ = ["set_debug", "is_debug", "check", "describe_tensor", "reset"]
+__all__ = ["set_debug", "is_debug", "check", "check_leaving", "describe_tensor", "reset"]
 
 # The world whose sequence numbers are known to be out of step (a mismatch was raised here), or
 # whose leaving was already checked: finalize() does not compare again there (it would wait for
@@ -94,8 +94,11 @@ def check(res: Resolved, name: str, agree: tuple, call: str) -> None:
     raise CollectiveMismatchError(f"ranks of group {list(res.ranks)} called different collectives: {listing}", calls)
 
 
-def _check_leaving() -> None:
-    """Debug mode: leaving the world is a call every rank must make at the same point (see the module docstring)."""
+def check_leaving() -> None:
+    """Debug mode: leaving the world is a call every rank must make at the same point (see the module docstring).
+
+    Run by ``finalize()`` while the group lives (wired in :mod:`polydist._wiring`).
+    """
     global _settled
     state = world()
     if state is None or state.size == 1 or state is _settled or not is_debug():
@@ -105,5 +108,3 @@ def _check_leaving() -> None:
     res.seq += 1
     check(res, "finalize", (), "finalize()")
 
-
-context.on_finalize.append(_check_leaving)  # the hook runs while the group lives

@@ -25,8 +25,9 @@ collective runs the shared steps, always in this order:
 9. **the body**: the backend call(s) — and around the ``wait()`` of the
    :class:`Work` it returns with ``async_op=True``. A backend-specific fast
    path (the mpi4py group's blocking all-reduce) lives inside a body, after
-   every step above. A timeout writes the flight recorder's dump
-   (:mod:`polydist.trace.dump`).
+   every step above. A failure takes one path, here and in ``wait()``
+   (:func:`polydist.collectives.timeouts.failed`): a timeout is named, the
+   record marked failed, the flight recorder's dump written.
 
 Point-to-point calls take steps 1–4, 6 and 9: they are not collectives of
 the group, so they are not numbered (debug mode checks them with a header of
@@ -41,8 +42,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .. import context, settings
-from .._torch import default_pg
+from .. import settings
 from ..context import require_group
 from ..groups import GroupLike, resolve
 from . import debug, recorder, timeouts
@@ -109,8 +109,7 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
 
     A closure rather than a method: a small MPI all_reduce takes a few
     microseconds, so the steps read the spec from local cells, and the common
-    case (the live world polydist already knows, ``group=None``) is checked
-    inline; anything else asks :mod:`polydist.context` and :mod:`polydist.groups`.
+    case (``group=None``) takes the world's own resolved group.
     """
     name, body, fingerprint, root_name, peer, echo = (
         spec.name, spec.body, spec.fingerprint, spec.root, spec.peer, spec.echo
@@ -121,11 +120,9 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
     rec = recorder.RECORDER
 
     def run(group: GroupLike, root: Any, async_op: bool, *args: Any) -> Any:
-        state = context._world
-        if state is None or state.pg is not default_pg():
-            state = require_group()
-            if state is None:
-                return done(spec._serial(args, root), async_op)
+        state = require_group()
+        if state is None:
+            return done(spec._serial(args, root), async_op)
         res = state.world_group if group is None else None
         if res is None:
             res = resolve(state, group)
@@ -162,12 +159,11 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
                 debug.check(res, name, agree, shown)
             result = body(res, *args, async_op)
         except BaseException as exc:
-            named = timeouts.explain(exc, res, name, rooted) if isinstance(exc, RuntimeError) else None
-            if record is not None:
-                rec.fail(record, named or exc)
+            named = timeouts.failed(
+                exc, lambda e: timeouts.explain(e, res, name, rooted), (rec, record) if record is not None else None
+            )
             if named is None:
                 raise
-            _dumped(named)
             raise named from exc
         if async_op:  # the wait may time out too: name the missing ranks there as well
             seq = res.seq
@@ -189,12 +185,6 @@ def _recorded(rec: recorder.Recorder, record: list, result: Any, async_op: bool)
     else:
         rec.end(record)
     return result
-
-
-def _dumped(exc: Exception) -> None:
-    from ..trace.dump import timed_out  # the dump is the error path's only: imported when needed
-
-    timed_out(exc)
 
 
 def _warn_not_member(state: Any, group: GroupLike, name: str) -> None:

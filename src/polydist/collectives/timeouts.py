@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from .. import _torch
 from ..errors import CollectiveTimeoutError, PolydistError
 from ..groups import Resolved
 
-__all__ = ["explain"]
+__all__ = ["explain", "failed", "on_timeout"]
+
+# Called with the named timeout before it is raised: the flight recorder's dump
+# (polydist.trace.dump.timed_out), connected by polydist._wiring, since trace/
+# builds on collectives/ and cannot be imported here.
+on_timeout: list = []
 
 _GLOO_WAIT = re.compile(r"Timed out waiting (\d+)ms")
 _TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.IGNORECASE)
@@ -50,6 +55,27 @@ def explain(
     if isinstance(exc, (PolydistError, *_torch.StoreError)) or not _TIMEOUT_TEXT.search(str(exc)):
         return None
     return _explain(name, rooted, exc, res, res.seq if seq is None else seq)
+
+
+def failed(
+    exc: BaseException, explain: Callable[[RuntimeError], Optional[Exception]], recorded: Optional[tuple]
+) -> Optional[Exception]:
+    """The one failure path of a collective and of the ``wait()`` of its :class:`~polydist.Work`.
+
+    Names the timeout (``explain(exc)`` for a ``RuntimeError``), marks the
+    flight recorder's ``recorded`` = ``(recorder, record)`` failed (with the
+    named error when there is one), and for a named timeout runs
+    :data:`on_timeout` (the dump). Returns the named error, which the caller
+    raises ``from exc``; None: the caller re-raises ``exc`` as it is.
+    """
+    named = explain(exc) if isinstance(exc, RuntimeError) else None
+    if recorded is not None:
+        rec, record = recorded
+        rec.fail(record, named or exc)
+    if named is not None:
+        for hook in on_timeout:
+            hook(named)
+    return named
 
 
 def _show(ranks: list) -> str:

@@ -11,9 +11,15 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Callable, Optional, Sequence, Union
 
+from . import timeouts
+
 __all__ = ["Work"]
 
 _PENDING = object()
+
+
+def _unnamed(exc: RuntimeError) -> None:
+    return None  # a handle outside the pipeline (value collectives, serial runs) names no timeout
 
 
 class Work:
@@ -67,15 +73,9 @@ class Work:
                         w.wait(timeout)
                 result = self._finish() if self._finish is not None else None
             except BaseException as exc:
-                named = self.explain(exc) if self.explain is not None and isinstance(exc, RuntimeError) else None
-                if self.record is not None:
-                    rec, record = self.record
-                    rec.fail(record, named or exc)
+                named = timeouts.failed(exc, self.explain or _unnamed, self.record)
                 if named is None:
                     raise
-                from ..trace.dump import timed_out
-
-                timed_out(named)
                 raise named from exc
             self._result = result
             if self.record is not None:

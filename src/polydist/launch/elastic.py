@@ -12,7 +12,7 @@ between restarts. When any worker fails, the agent stops the others; with
 its traceback on stderr; the workers read :func:`polydist.restart_count`),
 else the launcher raises :class:`~polydist.errors.WorkerFailedError` naming
 the failed ranks with their tracebacks. Workers die with their launcher, also
-one killed with SIGKILL (:func:`die_with_parent`). A worker that stays stopped
+one killed with SIGKILL (:func:`polydist.launch.worker_side.die_with_parent`). A worker that stays stopped
 (``SIGSTOP``) is found by the agent's monitor loop and ended like a failed one
 (:mod:`polydist.launch.liveness`), after the others wrote their dumps.
 """
@@ -20,38 +20,27 @@ one killed with SIGKILL (:func:`die_with_parent`). A worker that stays stopped
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
-import os
 import signal
 import sys
 import tempfile
-import time
 import uuid
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
-import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, get_error_handler
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from .. import _torch, settings
-from ..environment import detect
 from ..errors import WorkerFailedError
-from ..trace.dump import DUMP_NOTE, failed
+from ..trace.dump import DUMP_NOTE
 from .liveness import NO_TRACEBACK, Watch, end_frozen, note_of
 from .restarts import announce, check_max_restarts, exhausted
+from .worker_side import PEER_GONE
 
-__all__ = [
-    "launch",
-    "worker_setup",
-    "die_with_parent",
-    "death_signal_setter",
-    "worker_errors",
-]
+__all__ = ["launch"]
 
 _SHUTDOWN_TIMEOUT_S = 5  # SIGTERM → SIGKILL grace for the survivors of a failed job
-_PEER_GONE_GRACE_S = 3  # how long a rank that lost a peer waits for the launcher to notice that peer
 RANK_PREFIX = "[rank${rank}]: "
 
 
@@ -259,9 +248,6 @@ def _no_traceback(record: logging.LogRecord) -> bool:
 
 
 # Errors a rank gets when a *peer* went away mid-collective: consequences, not causes.
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker")
-
-
 def _traceback(failure: Any) -> str:
     """The traceback the worker recorded, or "" when it recorded none (killed, crashed, os._exit)."""
     data = failure.error_file_data or {}
@@ -306,7 +292,7 @@ def _failure_lines(failures: dict, nnodes: int = 1) -> tuple[list, int]:
     """
 
     def peer_gone(f: Any) -> bool:
-        return any(marker in _traceback(f) for marker in _PEER_GONE)
+        return any(marker in _traceback(f) for marker in PEER_GONE)
 
     def consequence(item: tuple) -> tuple:
         _, f = item
@@ -343,79 +329,3 @@ def _failure_report(failures: dict, nnodes: int = 1, max_restarts: int = 0) -> W
         lines.insert(0, exhausted(max_restarts))
     details = {r: (f.exitcode, _traceback(f)) for r, f in failures.items()}
     return WorkerFailedError("\n".join(lines), details, root_rank)
-
-
-def worker_setup() -> None:
-    """Per-worker defaults: one share of the CPU cores for intra-op threads.
-
-    Like torchrun, avoid oversubscription when several workers share a node;
-    an explicit ``OMP_NUM_THREADS`` wins.
-    """
-    if "OMP_NUM_THREADS" not in os.environ:
-        local = detect().local_world_size or 1  # any launcher's count: mpiexec exports no LOCAL_WORLD_SIZE
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
-
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def death_signal_setter() -> Optional[Callable[[], int]]:
-    """``prctl(PR_SET_PDEATHSIG, SIGKILL)`` for the calling process, as a function; None off Linux.
-
-    Resolved now, so the function is also safe to run between fork and exec
-    (as a ``subprocess`` ``preexec_fn``).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # a libc without prctl: run unguarded
-        return None
-    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def die_with_parent(parent_pid: Optional[int] = None) -> None:
-    """Have the kernel SIGKILL this process when its parent (the launcher) dies; Linux only.
-
-    torch's elastic agent starts each worker in a session of its own, so a
-    launcher killed with SIGKILL, which cannot stop them, would leave them
-    running — blocked in a collective for up to its timeout. Uses
-    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``. ``parent_pid``: the pid the parent
-    had (None: any parent but init); if the parent already died before this
-    call (the process was reparented), exit at once. Does nothing elsewhere
-    than Linux.
-    """
-    arm = death_signal_setter()
-    if arm is None or arm() != 0:
-        return
-    parent = os.getppid()
-    reparented = parent != parent_pid if parent_pid is not None else parent == 1
-    if reparented:  # the parent died before prctl took effect
-        sys.stderr.write(f"polydist: the launcher (pid {parent_pid or 'unknown'}) is gone; this worker exits\n")
-        sys.stderr.flush()
-        os._exit(1)
-
-
-@contextlib.contextmanager
-def worker_errors() -> Iterator[None]:
-    """Around a worker's own code (inside torch's ``@record``): make its failures report well.
-
-    * Any failure writes this rank's flight-recorder dump (:mod:`polydist.trace.dump`).
-    * A non-zero ``sys.exit`` is recorded like an exception (torch's
-      ``@record`` lets it pass), so the launcher shows where it was called.
-    * A lost connection to a peer ("Connection closed by peer": a failed
-      peer, seen sometimes before the peer's own exit) pauses this rank 3 s
-      before re-raising. The launcher stops it meanwhile, so the peer is
-      reported as the cause (torch's spawn reports only the first process to
-      exit), and this rank is not stopped halfway through writing its error
-      file (which torch's agent would then fail to read).
-    """
-    try:
-        yield
-    except BaseException as exc:
-        failed(exc)  # the flight recorder's dump of this rank, first: the launcher may stop it any moment now
-        if isinstance(exc, SystemExit) and exc.code not in (0, None):
-            get_error_handler().record_exception(exc)
-        if isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in _PEER_GONE):
-            time.sleep(_PEER_GONE_GRACE_S)
-        raise

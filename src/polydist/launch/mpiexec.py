@@ -8,7 +8,7 @@ the Python interpreter first (where the ``mpich`` wheel installs it), then on
 end every rank; before that it writes its traceback into the directory named by
 ``$POLYDIST_FAILURE_DIR``, from which :func:`run` reports the failing rank. A
 rank that is killed writes nothing: :func:`run` watches the ranks' pids (from
-their pid files, :func:`record_pid`) and names the one that ended first, else
+their pid files, :func:`polydist.launch.worker_side.record_pid`) and names the one that ended first, else
 the one ``mpiexec``'s report names. ``mpiexec`` dies with the process that runs
 it (Linux), and takes its ranks down. Before a job ends on a failure, the
 other ranks write their flight-recorder dumps (:mod:`polydist.trace.dump`): a
@@ -38,8 +38,9 @@ from ..settings import FAILURE_DIR
 from .liveness import NO_TRACEBACK, Watch, end_frozen
 from ..trace.dump import EXIT_NOTICES
 from ..errors import WorkerFailedError
+from .worker_side import death_signal_setter, pids, rank_files
 
-__all__ = ["find", "run", "prefix_output", "record_pid", "mark_done", "pids"]
+__all__ = ["find", "run"]
 
 
 def find() -> str:
@@ -132,7 +133,6 @@ def _call(command: list, env: dict) -> tuple[int, str]:
     mpiexec prints its report of a rank that died mixed with the ranks' output: Hydra on stdout, Open MPI
     on stderr.
     """
-    from .elastic import death_signal_setter
 
     tail = b""
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -273,24 +273,9 @@ class _EndWatch(threading.Thread):
 _LIVENESS_POLL_MS = 250
 
 
-def _rank_files(folder: str, suffix: str) -> dict[int, str]:
-    """``{rank: text}`` of the files ``rank{N}{suffix}`` in ``folder``."""
-    found = {}
-    for name in os.listdir(folder):
-        if name.startswith("rank") and name.endswith(suffix):
-            with open(os.path.join(folder, name)) as f:
-                found[int(name[4 : -len(suffix)])] = f.read()
-    return found
-
-
 def _frozen(folder: str) -> dict[int, str]:
     """``{rank: note}`` of the ranks the liveness watch ended (``rank{N}.frozen``)."""
-    return _rank_files(folder, ".frozen")
-
-
-def pids(folder: str) -> dict[int, int]:
-    """``{rank: pid}`` from the pid files in ``folder``."""
-    return {rank: int(text) for rank, text in _rank_files(folder, ".pid").items()}
+    return rank_files(folder, ".frozen")
 
 
 # A rank that died, as mpiexec reports it: MPICH's Hydra by pid, Open MPI by rank. Intel MPI's Hydra lists
@@ -300,23 +285,6 @@ _HYDRA_DEATH = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*=*\s*EXIT CODE: (-?\d+)
 _HYDRA_REASON = re.compile(r"EXIT STRING: ([^\n]+?)\s*$", re.MULTILINE)
 # Open MPI 5 breaks its line before the signal: "... on node vm exited on\nsignal 9 (Killed)."
 _OMPI_DEATH = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on\s+([^\n]+?)\.?\s*$", re.MULTILINE)
-
-
-def record_pid(rank: int) -> None:
-    """Note this rank's pid in ``$POLYDIST_FAILURE_DIR``, so :func:`run` can name it if it is killed."""
-    folder = FAILURE_DIR.read()
-    if folder and os.path.isdir(folder):
-        path = os.path.join(folder, f"rank{rank}.pid")
-        with open(path + ".tmp", "w") as f:
-            f.write(str(os.getpid()))
-        os.replace(path + ".tmp", path)  # whole, for the watch that reads it
-
-
-def mark_done(rank: int) -> None:
-    """Note in ``$POLYDIST_FAILURE_DIR`` that this rank's script finished, so its exit is not taken for a failure."""
-    folder = FAILURE_DIR.read()
-    if folder and os.path.isdir(folder):
-        open(os.path.join(folder, f"rank{rank}.done"), "w").close()
 
 
 def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) -> Optional[WorkerFailedError]:
@@ -385,36 +353,3 @@ def _failure_report(failures: str, code: int, output: str = "", first: Sequence[
     ]
     lines += [f"rank {r} also failed: {(tb.strip().splitlines() or [''])[-1]}" for r, tb in recorded.items() if r != root]
     return WorkerFailedError("\n".join(lines), {r: (code, tb) for r, tb in recorded.items()}, root)
-
-
-class _Prefixed:
-    """A text stream that writes whole lines, each starting with ``prefix``.
-
-    mpiexec merges all ranks' output into one stream; whole-line writes keep
-    lines from different ranks from interleaving mid-line.
-    """
-
-    def __init__(self, stream: TextIO, prefix: str) -> None:
-        self._stream, self._prefix, self._partial = stream, prefix, ""
-
-    def write(self, text: str) -> int:
-        *lines, self._partial = (self._partial + text).split("\n")
-        if lines:
-            self._stream.write("".join(f"{self._prefix}{line}\n" for line in lines))
-            self._stream.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        if self._partial:
-            self._stream.write(self._prefix + self._partial)
-            self._partial = ""
-        self._stream.flush()
-
-    def __getattr__(self, name: str):  # fileno, isatty, encoding, ...
-        return getattr(self._stream, name)
-
-
-def prefix_output(prefix: str) -> None:
-    """Prefix every line this process writes to ``sys.stdout``/``sys.stderr`` (Python-level writes)."""
-    sys.stdout = _Prefixed(sys.stdout, prefix)  # type: ignore[assignment]
-    sys.stderr = _Prefixed(sys.stderr, prefix)  # type: ignore[assignment]

@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional
 from .. import context, join, settings
 from .horovod import spawn_horovod
 from .trace_dir import job_trace_dir
-from .elastic import _check_positive, check_node_rank, die_with_parent, launch, worker_errors, worker_setup
+from .elastic import _check_positive, check_node_rank, launch
+from .worker_side import die_with_parent, worker_errors, worker_setup
 
 __all__ = ["spawn", "Parallel"]
 

@@ -21,9 +21,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..backends.mpi4py import job as mpi_job
 from ..environment import detect
-from .elastic import die_with_parent, worker_errors, worker_setup
 from .. import settings
-from .mpiexec import mark_done, pids, prefix_output, record_pid
+from .worker_side import die_with_parent, mark_done, pids, prefix_output, record_pid, worker_errors, worker_setup
 from ..trace.dump import ignore_exit_notices, install_signal_handlers, peers_dump
 
 

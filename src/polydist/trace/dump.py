@@ -33,7 +33,6 @@ import traceback
 from typing import Optional
 
 from .. import context, settings
-from ..backends.mpi4py import job as mpi_job
 from ..collectives.recorder import RECORDER, as_dict
 from ..errors import WorldMismatchError
 
@@ -356,6 +355,3 @@ def _die_by(number: int) -> None:
     time.sleep(5)
     os._exit(128 + number)
 
-
-context.on_world_made.append(install_signal_handlers)  # SIGUSR1 (and a launcher's SIGTERM) dump
-mpi_job.before_abort.append(failed)  # MPI_Abort ends every rank at once: this one's dump first

@@ -286,6 +286,3 @@ def end_session() -> None:
     except Exception as exc:  # noqa: BLE001 - see the docstring
         print(f"polydist: the comms profile (--profile-comms) failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
-
-context.on_initialized.append(start_session)  # polydist run --profile-comms, on every rank
-context.on_finalize.append(end_session)

@@ -11,9 +11,7 @@ import statistics
 from collections import Counter
 from typing import Any, Optional
 
-from ..bench.records import format_bandwidth
-from ..bench.report import aligned_columns
-from ..bench.units import GiB, KiB, MiB, bandwidths, format_size
+from ..bench.units import GiB, KiB, MiB, aligned_columns, bandwidths, format_bandwidth, format_size
 
 __all__ = ["summarize", "format_profile", "bucket", "GATHERED", "FAILED_CALL", "VALUE_CALL"]
 

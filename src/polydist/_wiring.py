@@ -1,0 +1,38 @@
+"""Where polydist's layers are connected: every hook one module runs for another, in one place.
+
+The lower layers (:mod:`polydist.context`, :mod:`polydist.collectives`, the
+MPI job) cannot import what builds on them (the flight recorder's dump, the
+comms profile), so they expose hook lists, and :func:`wire` fills them. It is
+called once, by ``polydist/__init__.py``: importing any other module fills
+nothing by itself, and what runs when, and in what order, is read here.
+"""
+
+from __future__ import annotations
+
+from . import context
+from .backends.mpi4py import job as mpi_job
+from .collectives import debug, timeouts
+from .trace import dump, profile
+
+__all__ = ["wire"]
+
+_wired = False
+
+
+def wire() -> None:
+    """Fill the hook lists (once; a second call does nothing)."""
+    global _wired
+    if _wired:
+        return
+    _wired = True
+    # whenever a world is made or adopted, from any thread: SIGUSR1 (and a launcher's SIGTERM) dump
+    context.on_world_made.append(dump.install_signal_handlers)
+    # at the end of initialize(), where every rank is: polydist run --profile-comms
+    context.on_initialized.append(profile.start_session)
+    # in finalize(), while the group lives, in this order: debug mode's leaving check, then the profile's table
+    context.on_finalize.append(debug.check_leaving)
+    context.on_finalize.append(profile.end_session)
+    # a collective timed out: its dump, named in the error's notes
+    timeouts.on_timeout.append(dump.timed_out)
+    # MPI_Abort ends every rank at once: this one's dump first
+    mpi_job.before_abort.append(dump.failed)

@@ -1,0 +1,219 @@
+"""``polydist run``: launch SCRIPT on N ranks per node, under PyTorch's elastic agent or, for MPI, mpiexec.
+
+Its command line (:func:`add_parser`) and what it does (:func:`run`); the
+top-level :mod:`polydist.cli` only dispatches to it, as to ``bench`` and ``trace``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable
+
+from .. import settings
+from ..errors import WorkerFailedError
+from . import mpiexec
+from .elastic import launch
+from .restarts import rerun
+from .trace_dir import job_trace_dir
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``run`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``) and return it."""
+    run = subparsers.add_parser(
+        "run",
+        help="run SCRIPT on N processes per node (PyTorch's elastic agent underneath)",
+        description="Run SCRIPT [ARGS...] (or -m MODULE) as every rank of a job. Output lines are prefixed "
+        "with the rank; when a rank raises, exits non-zero or dies, the others are stopped, its traceback is "
+        "shown and the exit code is 1 (or, with --max-restarts, every worker starts again). The workers die with "
+        "the launcher.",
+    )
+    run.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N")
+    run.add_argument("--backend", default=None, help="gloo, nccl, mpi, ... (default: nccl with CUDA, else gloo)")
+    run.add_argument(
+        "--nnodes",
+        type=_nnodes,
+        default=(1, 1),
+        metavar="N|MIN:MAX",
+        help="number of nodes; MIN:MAX (with --rdzv-endpoint) lets nodes leave and join between restarts "
+        "(torch's c10d rendezvous, as torchrun)",
+    )
+    run.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="R")
+    run.add_argument("--master-addr", "--master_addr", default=None, metavar="A")
+    run.add_argument("--master-port", "--master_port", type=int, default=None, metavar="P")
+    run.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="when a rank fails, stop the others and restart every worker, up to N times (announced on stderr "
+        "with the failed rank and its traceback; the program reads polydist.restart_count()). Default 0: the job "
+        "ends at the first failure",
+    )
+    run.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="elastic jobs: the c10d rendezvous, served by the node that owns HOST; node ranks are assigned",
+    )
+    run.add_argument("--rdzv-id", "--rdzv_id", default="polydist", metavar="ID", help="elastic jobs: the job's id")
+    run.add_argument(
+        "--rdzv-conf",
+        "--rdzv_conf",
+        type=_key_values,
+        default={},
+        metavar="K=V,...",
+        help="elastic jobs: rendezvous settings, as torchrun's (e.g. last_call_timeout=5,join_timeout=600)",
+    )
+    run.add_argument(
+        "--local-addr",
+        "--local_addr",
+        default=None,
+        metavar="A",
+        help="this node's address as the other nodes reach it (default: its host name)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="collective timeout: a collective that waits longer raises polydist.CollectiveTimeoutError naming the "
+        "ranks that did not arrive (exported as $POLYDIST_TIMEOUT, which polydist.initialize() reads when given no "
+        "timeout; default: PyTorch's, 30 min on gloo). MPI collectives have no timeout.",
+    )
+    run.add_argument(
+        "--trace-dir",
+        default=None,
+        metavar="DIR",
+        help="where the ranks write their flight-recorder dumps (on a timeout, a failure, SIGUSR1, or when the job "
+        "is stopped); read them with: polydist trace DIR. Default: a new folder in the temp dir, shown when a dump "
+        "was written, removed when none was",
+    )
+    run.add_argument(
+        "--profile-comms",
+        action="store_true",
+        help="profile every collective and print, on rank 0 when the job ends, a table per collective and size: "
+        "calls, bytes, times, algbw/busbw, and the ranks that arrive last (polydist.comms_profile)",
+    )
+    run.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
+    run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, as python -m")
+    run.add_argument("script", metavar="SCRIPT")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    return run
+
+
+def _nnodes(text: str) -> tuple:
+    """``N`` or ``MIN:MAX`` (torchrun's form) as (min, max)."""
+    low, sep, high = text.partition(":")
+    try:
+        bounds = (int(low), int(high) if sep else int(low))
+    except ValueError:
+        bounds = (0, 0)
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"must be N or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+    return bounds
+
+
+def _key_values(text: str) -> dict:
+    """``k=v,k2=v2`` as a dict of strings (torch's rendezvous parses each value itself)."""
+    pairs = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE pairs separated by commas, got {item!r} in {text!r}")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Run ``polydist run`` from its parsed arguments (see :func:`add_parser`); returns the exit status."""
+    if not ns.module and not os.path.exists(ns.script):
+        print(f"polydist run: no such script: {ns.script}", file=sys.stderr)
+        return 2
+    # This is the launcher's own process: its environment is ours to set, and
+    # the workers inherit it.
+    os.environ[settings.LAUNCHER.name] = "run"
+    if ns.backend:
+        os.environ[settings.BACKEND.name] = ns.backend
+    if ns.timeout is not None:
+        os.environ[settings.TIMEOUT.name] = repr(ns.timeout)
+    if ns.profile_comms:
+        os.environ[settings.PROFILE_COMMS.name] = "1"
+
+    with job_trace_dir(ns.trace_dir, "polydist run") as trace_dir:
+        os.environ[settings.TRACE_DIR.name] = trace_dir
+        return _launch(ns)
+
+
+def _launch(ns: argparse.Namespace) -> int:
+    target = ["-m", ns.script] if ns.module else [ns.script]
+    worker = ["-u", "-m", "polydist.launch.worker", *target, *ns.args]
+    if ns.backend and ns.backend.lower() in ("mpi", "mpi4py"):
+        return _run_mpi(ns, worker)
+    os.environ[settings.LAUNCHER_PID.name] = str(os.getpid())  # the workers' parent: they die with it
+    min_nodes, max_nodes = ns.nnodes
+    return _reporting(
+        lambda: launch(
+            sys.executable,
+            worker,
+            ns.nproc_per_node,
+            nnodes=max_nodes,
+            node_rank=ns.node_rank,
+            master_addr=ns.master_addr,
+            master_port=ns.master_port,
+            prefix_output=not ns.no_prefix,
+            max_restarts=ns.max_restarts,
+            min_nodes=min_nodes,
+            rdzv_endpoint=ns.rdzv_endpoint,
+            rdzv_id=ns.rdzv_id,
+            rdzv_conf=ns.rdzv_conf,
+            local_addr=ns.local_addr,
+        )
+    )
+
+
+def _reporting(start: Callable[[], Any]) -> int:
+    """Run a launch; its outcome as ``polydist run``'s exit code: 0, 1 (a rank failed: report), 2 (bad use)."""
+    try:
+        start()
+    except WorkerFailedError as exc:
+        print(f"polydist run: job failed\n{exc}", file=sys.stderr, flush=True)
+        return 1
+    except (ValueError, FileNotFoundError) as exc:  # bad sizes or addresses; no mpiexec
+        print(f"polydist run: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _run_mpi(ns: argparse.Namespace, worker: list) -> int:
+    """``polydist run --backend mpi``: the ranks are started by MPI's own launcher (mpiexec)."""
+    if ns.nnodes != (1, 1) or ns.rdzv_endpoint:
+        print(
+            "polydist run: --backend mpi starts the ranks of one node with mpiexec; for several nodes run "
+            "mpiexec with your host list yourself: mpiexec -n N -hosts A,B python SCRIPT (polydist.initialize('mpi') "
+            "needs no address)",
+            file=sys.stderr,
+        )
+        return 2
+    env = dict(os.environ, **{settings.PREFIX_OUTPUT.name: "0" if ns.no_prefix else "1"})
+
+    def start(restarts: int) -> None:  # mpiexec cannot restart ranks: the whole MPI job runs again
+        env[settings.RESTART_COUNT.name] = str(restarts)
+        mpiexec.run([sys.executable, *worker], ns.nproc_per_node, env=env)
+
+    return _reporting(lambda: rerun(start, ns.max_restarts))

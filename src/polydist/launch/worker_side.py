@@ -1,0 +1,180 @@
+"""What runs inside a worker process that a polydist launcher started: its set-up and how it fails.
+
+The launcher side is :mod:`~polydist.launch.elastic` (``spawn``, ``Parallel``,
+``polydist run``) and :mod:`~polydist.launch.mpiexec` (``polydist run
+--backend mpi``); the worker's entry point is :mod:`~polydist.launch.worker`.
+Here: the per-worker defaults, dying with the launcher, making a failure
+report well (its dump, its error file), and, under mpiexec, the files a rank
+leaves in ``$POLYDIST_FAILURE_DIR`` for its launcher (``rank{N}.pid``,
+``rank{N}.done``) and its prefixed output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from typing import Callable, Iterator, Optional, TextIO
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+from ..environment import detect
+from ..settings import FAILURE_DIR
+from ..trace.dump import failed
+
+__all__ = [
+    "worker_setup", "death_signal_setter", "die_with_parent", "worker_errors", "PEER_GONE",
+    "record_pid", "mark_done", "pids", "rank_files", "prefix_output",
+]  # fmt: skip
+
+# How a rank's error reads when a peer failed first (the launcher blames the peer, not this rank).
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker")
+_PEER_GONE_GRACE_S = 3  # how long a rank that lost a peer waits for the launcher to notice that peer
+
+
+def worker_setup() -> None:
+    """Per-worker defaults: one share of the CPU cores for intra-op threads.
+
+    Like torchrun, avoid oversubscription when several workers share a node;
+    an explicit ``OMP_NUM_THREADS`` wins.
+    """
+    if "OMP_NUM_THREADS" not in os.environ:
+        local = detect().local_world_size or 1  # any launcher's count: mpiexec exports no LOCAL_WORLD_SIZE
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def death_signal_setter() -> Optional[Callable[[], int]]:
+    """``prctl(PR_SET_PDEATHSIG, SIGKILL)`` for the calling process, as a function; None off Linux.
+
+    Resolved now, so the function is also safe to run between fork and exec
+    (as a ``subprocess`` ``preexec_fn``).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # a libc without prctl: run unguarded
+        return None
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def die_with_parent(parent_pid: Optional[int] = None) -> None:
+    """Have the kernel SIGKILL this process when its parent (the launcher) dies; Linux only.
+
+    torch's elastic agent starts each worker in a session of its own, so a
+    launcher killed with SIGKILL, which cannot stop them, would leave them
+    running — blocked in a collective for up to its timeout. Uses
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``. ``parent_pid``: the pid the parent
+    had (None: any parent but init); if the parent already died before this
+    call (the process was reparented), exit at once. Does nothing elsewhere
+    than Linux.
+    """
+    arm = death_signal_setter()
+    if arm is None or arm() != 0:
+        return
+    parent = os.getppid()
+    reparented = parent != parent_pid if parent_pid is not None else parent == 1
+    if reparented:  # the parent died before prctl took effect
+        sys.stderr.write(f"polydist: the launcher (pid {parent_pid or 'unknown'}) is gone; this worker exits\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def worker_errors() -> Iterator[None]:
+    """Around a worker's own code (inside torch's ``@record``): make its failures report well.
+
+    * Any failure writes this rank's flight-recorder dump (:mod:`polydist.trace.dump`).
+    * A non-zero ``sys.exit`` is recorded like an exception (torch's
+      ``@record`` lets it pass), so the launcher shows where it was called.
+    * A lost connection to a peer ("Connection closed by peer": a failed
+      peer, seen sometimes before the peer's own exit) pauses this rank 3 s
+      before re-raising. The launcher stops it meanwhile, so the peer is
+      reported as the cause (torch's spawn reports only the first process to
+      exit), and this rank is not stopped halfway through writing its error
+      file (which torch's agent would then fail to read).
+    """
+    try:
+        yield
+    except BaseException as exc:
+        failed(exc)  # the flight recorder's dump of this rank, first: the launcher may stop it any moment now
+        if isinstance(exc, SystemExit) and exc.code not in (0, None):
+            get_error_handler().record_exception(exc)
+        if isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in PEER_GONE):
+            time.sleep(_PEER_GONE_GRACE_S)
+        raise
+
+
+# ------------------------------------------------------------ under mpiexec: files for the launcher, prefixed output
+
+
+def record_pid(rank: int) -> None:
+    """Note this rank's pid in ``$POLYDIST_FAILURE_DIR``, so :func:`polydist.launch.mpiexec.run` can name it if it is killed."""
+    folder = FAILURE_DIR.read()
+    if folder and os.path.isdir(folder):
+        path = os.path.join(folder, f"rank{rank}.pid")
+        with open(path + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)  # whole, for the watch that reads it
+
+
+def mark_done(rank: int) -> None:
+    """Note in ``$POLYDIST_FAILURE_DIR`` that this rank's script finished, so its exit is not taken for a failure."""
+    folder = FAILURE_DIR.read()
+    if folder and os.path.isdir(folder):
+        open(os.path.join(folder, f"rank{rank}.done"), "w").close()
+
+
+def rank_files(folder: str, suffix: str) -> dict[int, str]:
+    """``{rank: text}`` of the files ``rank{N}{suffix}`` in ``folder``."""
+    found = {}
+    for name in os.listdir(folder):
+        if name.startswith("rank") and name.endswith(suffix):
+            with open(os.path.join(folder, name)) as f:
+                found[int(name[4 : -len(suffix)])] = f.read()
+    return found
+
+
+def pids(folder: str) -> dict[int, int]:
+    """``{rank: pid}`` from the pid files in ``folder``."""
+    return {rank: int(text) for rank, text in rank_files(folder, ".pid").items()}
+
+
+class _Prefixed:
+    """A text stream that writes whole lines, each starting with ``prefix``.
+
+    mpiexec merges all ranks' output into one stream; whole-line writes keep
+    lines from different ranks from interleaving mid-line.
+    """
+
+    def __init__(self, stream: TextIO, prefix: str) -> None:
+        self._stream, self._prefix, self._partial = stream, prefix, ""
+
+    def write(self, text: str) -> int:
+        *lines, self._partial = (self._partial + text).split("\n")
+        if lines:
+            self._stream.write("".join(f"{self._prefix}{line}\n" for line in lines))
+            self._stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._partial:
+            self._stream.write(self._prefix + self._partial)
+            self._partial = ""
+        self._stream.flush()
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, ...
+        return getattr(self._stream, name)
+
+
+def prefix_output(prefix: str) -> None:
+    """Prefix every line this process writes to ``sys.stdout``/``sys.stderr`` (Python-level writes)."""
+    sys.stdout = _Prefixed(sys.stdout, prefix)  # type: ignore[assignment]
+    sys.stderr = _Prefixed(sys.stderr, prefix)  # type: ignore[assignment]
