@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from . import _torch
 from ._state import World
-from .backends import horovod as horovod_backend
+from .backends import registry
 from .backends.direct import DirectProcessGroup
 from .context import comm_device, require_group, world
 from .errors import InvalidGroupError
@@ -162,14 +162,15 @@ def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup",
 
 
 def has_subgroups(state: World) -> bool:
-    """Whether the world's backend can make groups of fewer ranks (all but horovod)."""
-    return dist.get_backend(state.pg) != horovod_backend.BACKEND_NAME
+    """Whether the world's backend can make groups of fewer ranks (all but horovod): its registry entry says."""
+    return registry.get(dist.get_backend(state.pg)).no_subgroups is None
 
 
 def _check_backend_has_subgroups(state: World, key: tuple[int, ...]) -> None:
-    """Raise NotImplementedError for a subgroup of a horovod world, on members and non-members alike."""
-    if len(key) < state.size and not has_subgroups(state):
-        raise horovod_backend.no_subgroups(list(key))
+    """Raise NotImplementedError for a subgroup of a world without subgroups (horovod), on members and non-members alike."""
+    no_subgroups = registry.get(dist.get_backend(state.pg)).no_subgroups
+    if len(key) < state.size and no_subgroups is not None:
+        raise no_subgroups(list(key))
 
 
 def _group_of(state: World, key: tuple[int, ...], kwargs: dict) -> "dist.ProcessGroup":

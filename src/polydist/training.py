@@ -24,7 +24,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from . import fsdp
 from .collectives.broadcast import broadcast
-from .backends import horovod as horovod_backend
+from .backends import registry
 from .context import backend, device, get_nproc_per_node, get_rank, get_world_size, require_group
 
 __all__ = ["auto_model", "auto_optim", "auto_dataloader", "DistributedProxySampler"]
@@ -118,8 +118,9 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
         return model
     if use_fsdp:
         return model if fsdp.is_sharded(model) else fsdp.shard(model, dev, ddp_kwargs)
-    if _on_horovod():
-        horovod_backend.hvd().broadcast_parameters(model.state_dict(), root_rank=0)
+    own = _own_training()
+    if own is not None:
+        own.broadcast_parameters(model.state_dict(), root_rank=0)
         return model
     if sync_bn:
         if _sync_bn_supported(dev):
@@ -136,8 +137,10 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
     return DistributedDataParallel(model, **ddp_kwargs)
 
 
-def _on_horovod() -> bool:
-    return backend() == horovod_backend.BACKEND_NAME
+def _own_training() -> Any:
+    """The module of the backend's own training wrappers (Horovod's ``horovod.torch``), or None: DDP's way."""
+    training = registry.get(backend()).training
+    return None if training is None else training()
 
 
 def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **kwargs: Any) -> torch.optim.Optimizer:
@@ -173,8 +176,8 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"auto_optim expects a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    horovod = _distributed() and _on_horovod()
-    if kwargs and not horovod:
+    own = _own_training() if _distributed() else None
+    if kwargs and own is None:
         warnings.warn(
             f"auto_optim ignores {sorted(kwargs)}: they are Horovod DistributedOptimizer options in idist; "
             "with torch.distributed backends DDP averages the gradients",
@@ -185,9 +188,9 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
         state = broadcast(optimizer.state_dict() if rank == 0 else None, src=0, safe_mode=True)
         if rank != 0:
             optimizer.load_state_dict(state)
-    if horovod:
+    if own is not None:
         # Horovod's wrapper is a new optimizer over the same parameter groups, with empty state: it takes the state over.
-        wrapped = horovod_backend.hvd().DistributedOptimizer(optimizer, **kwargs)
+        wrapped = own.DistributedOptimizer(optimizer, **kwargs)
         wrapped.load_state_dict(optimizer.state_dict())
         return wrapped
     return optimizer

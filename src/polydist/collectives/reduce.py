@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from .. import codec
 from .._torch import reduce_scatter_single
+from ..backends import registry
 from ..context import world
 from ..groups import GroupLike, Resolved
 from ..ops import SUSPECT, OpLike, check_backend, check_op_dtype, op_for, resolve_op, to_reduce_op
@@ -26,16 +27,10 @@ from .debug import describe_tensor
 
 __all__ = ["all_reduce", "reduce", "reduce_scatter"]
 
-# Backends whose reduce() leaves the input of non-destination ranks untouched;
-# gloo (and unknown backends, to be safe) write partial results into it.
-_REDUCE_KEEPS_INPUT = frozenset({"nccl", "mpi", "mpi4py"})
-# Backends with a native ReduceOp.AVG that matches SUM-then-divide.
-_NATIVE_AVG = frozenset({"nccl", "mpi4py"})
-
 
 def _op(name: str, res: Resolved) -> tuple[dist.ReduceOp, bool]:
     """The ReduceOp to run and whether AVG must be finished by dividing by the group size."""
-    if name == "AVG" and res.backend not in _NATIVE_AVG:
+    if name == "AVG" and not registry.get(res.backend).native_avg:
         return dist.ReduceOp.SUM, True
     return to_reduce_op(name), False
 
@@ -254,7 +249,7 @@ def _reduce_body(res: Resolved, tensor: Any, dst: int, name: str, is_tensor: boo
         return done(reduce_value(tensor, name, dst, res), async_op)
     here = res.rank == dst
     red, divide = _op(name, res)
-    if here or res.backend in _REDUCE_KEEPS_INPUT:
+    if here or registry.get(res.backend).reduce_keeps_input:  # gloo writes partial results into it
         buf = contiguous(tensor)
     else:  # the backend would leave partial results in the input: hand it a copy
         buf = tensor.clone(memory_format=torch.contiguous_format) if async_op else _scratch_copy(tensor)
