@@ -50,6 +50,7 @@ class Resolved:
             :class:`~polydist.backends.direct.DirectProcessGroup` (mpi4py,
             horovod), whose blocking methods can be called without
             torch.distributed's dispatch (which costs more than a small MPI collective).
+        mover: the :class:`~polydist.collectives.mover.Mover` its collectives use, once chosen.
         seq: collectives called on this group so far (every member counts
             the same calls): debug fingerprints and timeout messages number
             calls with it.
@@ -60,7 +61,7 @@ class Resolved:
             a buffer a result is a view of), by name.
     """
 
-    __slots__ = ("pg", "ranks", "rank", "size", "group_rank", "backend", "device", "direct", "seq", "key", "predictors", "scratch")
+    __slots__ = ("pg", "ranks", "rank", "size", "group_rank", "backend", "device", "direct", "mover", "seq", "key", "predictors", "scratch")
 
     def __init__(self, pg: Optional["dist.ProcessGroup"], ranks: tuple[int, ...], rank: int) -> None:
         group = pg if pg is not None else _torch.default_pg()
@@ -69,6 +70,7 @@ class Resolved:
         self.backend = str(dist.get_backend(group))
         self.device: torch.device = comm_device(self.backend)
         self.direct = group if isinstance(group, DirectProcessGroup) else None
+        self.mover: Any = None  # how its pieces move: chosen on first use (polydist.collectives.exchange.mover)
         self.seq = 0
         self.predictors: dict = {}
         self.scratch: dict = {}

@@ -21,6 +21,7 @@ from ..backends import registry
 from ..context import world
 from ..groups import GroupLike, Resolved
 from ..ops import SUSPECT, OpLike, check_backend, check_op_dtype, op_for, resolve_op, to_reduce_op
+from .exchange import mover
 from .numbers import all_reduce_value, check_number, reduce_numbers, reduce_value
 from .pipeline import Collective, check_tensor, contiguous, done, finish
 from .debug import describe_tensor
@@ -158,10 +159,8 @@ def _all_reduce_fingerprint(tensor: Any, name: str, tensors: Any) -> tuple:
 
 
 def _all_reduce_body(res: Resolved, tensor: Any, name: str, tensors: Any, async_op: bool) -> Any:
-    direct = res.direct
-    if direct is not None and tensors is not None and len(tensors) == 1 and not async_op:
-        direct.allreduce_tensor(tensors[0], name)  # mpi4py: its blocking allreduce, minus torch's dispatch
-        return tensor  # what the caller passed: the tensor, or its one-tensor list or tuple
+    if not async_op and tensors is not None and len(tensors) == 1 and (res.mover or mover(res)).all_reduce(tensors[0], name):
+        return tensor  # the mover's own blocking call did it (mpi4py's, minus torch's dispatch); the caller's object
     if tensors is None:
         return done(all_reduce_value(tensor, name, res), async_op)
     red, divide = _op(name, res)
