@@ -1,8 +1,9 @@
 """What polydist's ProcessGroups written in Python (mpi4py, horovod) share.
 
 A name under which torch registers the group, one :class:`~polydist.backends.work.Lane`
-that runs the group's operations in call order, and the operations torch asks
-for that are compositions of others (the coalesced and list forms).
+that runs the group's operations in call order, the operations torch asks
+for that are compositions of others (the coalesced and list forms), and
+torch's other names for the same operations (``_allgather_base``, ...).
 """
 
 from __future__ import annotations
@@ -78,6 +79,26 @@ class PythonProcessGroup(DirectProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         raise NotImplementedError
+
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int], opts: Any = None,
+    ) -> LaneWork:  # fmt: skip
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ torch's other names for the same operations
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
+        return self.reduce_scatter_single(output, input, opts)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
+        return self.all_gather_single(output, input, opts)
+
+    def alltoall_base(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int], opts: Any = None,
+    ) -> LaneWork:  # fmt: skip
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         raise NotImplementedError

@@ -230,8 +230,6 @@ class HorovodProcessGroup(PythonProcessGroup):
 
         return self._run("reduce_scatter_tensor", body, output, opts, [input])
 
-    _reduce_scatter_base = reduce_scatter_single
-
     # ------------------------------------------------------------ data movement
 
     def broadcast(self, tensors: list, opts: Any = None) -> LaneWork:
@@ -261,8 +259,6 @@ class HorovodProcessGroup(PythonProcessGroup):
             unflatten(flat.reshape(-1), [output], by_bytes=True)
 
         return self._run("all_gather_into_tensor", body, output, opts, [input])
-
-    _allgather_base = all_gather_single
 
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
@@ -347,8 +343,6 @@ class HorovodProcessGroup(PythonProcessGroup):
             unflatten(got, [output], by_bytes=True)
 
         return self._run("all_to_all", body, output, opts, [input])
-
-    alltoall_base = all_to_all_single
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         for t in (*inputs, *outputs):

@@ -195,8 +195,6 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("reduce_scatter_tensor", body, output, opts, [input])
 
-    _reduce_scatter_base = reduce_scatter_single
-
     # ------------------------------------------------------------ data movement
 
     def broadcast(self, tensors: list, opts: Any = None) -> LaneWork:
@@ -230,8 +228,6 @@ class MPIProcessGroup(PythonProcessGroup):
                 self.comm.Allgather(_mpi.raw(src), _mpi.raw(dst))
 
         return self._run("all_gather_into_tensor", body, output, opts, [input])
-
-    _allgather_base = all_gather_single
 
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
@@ -344,8 +340,6 @@ class MPIProcessGroup(PythonProcessGroup):
                     self.comm.Alltoallv(_mpi.counted(src, send), _mpi.counted(dst, recv))
 
         return self._run("all_to_all", body, output, opts, [input])
-
-    alltoall_base = all_to_all_single
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         for t in (*inputs, *outputs):
