@@ -85,10 +85,10 @@ class Mover:
 
     __slots__ = ()
 
-    def all_reduce(self, t: torch.Tensor, name: str) -> bool:
-        """Reduce ``t`` in place under canonical op ``name`` if this transport has a lean call for it; False: it has none
-        (the caller goes through ``torch.distributed.all_reduce``)."""
-        return False
+    # all_reduce(t, name): reduce ``t`` in place under canonical op ``name``, blocking, where the transport has a lean
+    # call of its own; None: it has none, and torch.distributed.all_reduce does it (a class attribute, so the common
+    # all_reduce pays one attribute read to learn it, not a call).
+    all_reduce: Optional[Callable[[torch.Tensor, str], None]] = None
 
     def all_gather(self, res: Resolved, piece: Piece, what: str, views: bool, into: Optional[Into]) -> Received:
         """Every member's piece, in group-rank order. ``views=False``: the caller copies the bodies out before the
@@ -135,9 +135,8 @@ class DirectMover(Mover):
     def __init__(self, group: Any) -> None:
         self.group = group
 
-    def all_reduce(self, t: torch.Tensor, name: str) -> bool:
+    def all_reduce(self, t: torch.Tensor, name: str) -> None:  # type: ignore[override]
         self.group.allreduce_tensor(t, name)  # mpi4py: its blocking allreduce, minus torch's dispatch
-        return True
 
     def all_gather(self, res: Resolved, piece: Piece, what: str, views: bool, into: Optional[Into]) -> Received:
         piece.flags = EVEN  # one body per sender: the plan is even when all lengths agree

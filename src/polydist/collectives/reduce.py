@@ -159,8 +159,10 @@ def _all_reduce_fingerprint(tensor: Any, name: str, tensors: Any) -> tuple:
 
 
 def _all_reduce_body(res: Resolved, tensor: Any, name: str, tensors: Any, async_op: bool) -> Any:
-    if not async_op and tensors is not None and len(tensors) == 1 and (res.mover or mover(res)).all_reduce(tensors[0], name):
-        return tensor  # the mover's own blocking call did it (mpi4py's, minus torch's dispatch); the caller's object
+    lean = (res.mover or mover(res)).all_reduce
+    if lean is not None and tensors is not None and len(tensors) == 1 and not async_op:
+        lean(tensors[0], name)  # the mover's own blocking call (mpi4py's, minus torch's dispatch)
+        return tensor  # what the caller passed: the tensor, or its one-tensor list or tuple
     if tensors is None:
         return done(all_reduce_value(tensor, name, res), async_op)
     red, divide = _op(name, res)
