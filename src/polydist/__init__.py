@@ -5,8 +5,9 @@ runs unchanged). README.md describes the API and its semantics.
 """
 
 from . import _wiring
-from .backends import horovod as _horovod_backend
-from .backends import mpi4py as _mpi4py_backend
+from .backends import horovod as _horovod_backend  # noqa: F401 - a backend folder declares its registry entry
+from .backends import mpi4py as _mpi4py_backend  # noqa: F401
+from .backends import registry as _registry
 from .collectives.broadcast import barrier, broadcast
 from .collectives.gather import all_gather, all_gather_tensors_with_shapes, gather
 from .collectives.p2p import irecv, isend, recv, send
@@ -32,8 +33,8 @@ from .training import DistributedProxySampler, auto_dataloader, auto_model, auto
 
 __version__ = "0.1.0"
 
-_mpi4py_backend.register()  # backend "mpi4py" and init method mpi:// (MPI itself starts on first use)
-_horovod_backend.register()  # backend "horovod" and init method horovod://, where Horovod is installed
+# mpi4py (and mpi:// ; MPI itself starts on first use) and, where Horovod is installed, horovod (and horovod://)
+_registry.register_all()
 _wiring.wire()  # the hooks the layers run for each other (trace dumps, the comms profile, debug at finalize)
 
 # Spelled out, by topic, for type checkers and linters (py.typed).

@@ -17,13 +17,34 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from ._hosts import HOST_BYTES, host_names, host_row  # noqa: F401 - moved; join.py and backends/store.py still import them here
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
 __all__ = ["Layout", "World"]
 
+
+
+SCRATCH_LIMIT = 64 << 20  # larger buffers are allocated per call, not kept (their transfer dwarfs the faults)
+
+
+def reuse(store: dict, name: str, nbytes: int, device: torch.device) -> torch.Tensor:
+    """The one scratch policy: a uint8 buffer of ``nbytes`` on ``device`` kept in ``store`` under ``name``.
+
+    Fresh memory costs a page fault per 4 KiB on first touch (about as much as
+    copying it), so a buffer that does not outlive its call is kept: the
+    largest seen per name and device, up to :data:`SCRATCH_LIMIT` bytes
+    (64 MiB); a larger one is allocated for the call only. Synchronous use
+    only: the next call under ``name`` overwrites it. ``store`` is the
+    World's (:meth:`World.scratch`) or a group's (the slot protocol's).
+    """
+    key = (name, device)
+    buf = store.get(key)
+    if buf is None or buf.numel() < nbytes:
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        if nbytes <= SCRATCH_LIMIT:
+            store[key] = buf
+    return buf[:nbytes]
 
 @dataclass(frozen=True)
 class Layout:
@@ -55,7 +76,7 @@ class World:
 
     __slots__ = ("pg", "rank", "size", "owns_group", "layout", "layout_known", "timeout", "world_group", "groups", "resolved", "warned", "_scratch")
 
-    SCRATCH_LIMIT = 64 << 20  # larger buffers are allocated per call, not kept (their transfer dwarfs the faults)
+    SCRATCH_LIMIT = SCRATCH_LIMIT
 
     def __init__(
         self,
@@ -86,13 +107,7 @@ class World:
         (64 MiB); a larger one is allocated for the call only. Synchronous use
         only: the next call under ``name`` overwrites it; freed with the world.
         """
-        key = (name, device)
-        buf = self._scratch.get(key)
-        if buf is None or buf.numel() < nbytes:
-            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            if nbytes <= self.SCRATCH_LIMIT:
-                self._scratch[key] = buf
-        return buf[:nbytes]
+        return reuse(self._scratch, name, nbytes, device)
 
     def scratch_copy(self, x: torch.Tensor) -> torch.Tensor:
         """A contiguous copy of ``x`` in :meth:`scratch`'s buffer ``"copy"`` (same rules: kept up to 64 MiB)."""

@@ -18,6 +18,7 @@ start a world of its own (``torch.multiprocessing.spawn``).
 
 from __future__ import annotations
 
+from .backends import registry
 from .environment import ProcessInfo, mpi_initialized
 from .errors import WorldMismatchError
 
@@ -39,7 +40,6 @@ _NAMES = {
     "kubeflow": "the Kubeflow PyTorchJob",
     "env": "the environment",
 }
-_MPI_BACKENDS = ("mpi", "mpi4py")
 
 
 def who(info: ProcessInfo) -> str:
@@ -57,12 +57,10 @@ def announcement(info: ProcessInfo) -> str:
 
 
 def _advice(info: ProcessInfo, backend: str) -> str:
-    if backend in _MPI_BACKENDS and info.mpi_flavor is None:
-        return (f"the MPI backend needs an MPI launcher such as mpiexec (mpiexec -n {info.world_size} python "
-                f"SCRIPT, or polydist run --backend mpi); use gloo (nccl on GPUs) under {who(info)}")
-    if backend == "horovod" and info.launcher != "horovod":
-        return (f"Horovod sees only the ranks horovodrun started (horovodrun -np {info.world_size} python SCRIPT); "
-                f"use gloo (nccl on GPUs) under {who(info)}")
+    special = registry.get(backend).launch_advice
+    said = special(info, who(info)) if special is not None else None
+    if said is not None:
+        return said
     return ("make the group with the launcher's rank and world size (polydist.initialize() or "
             "init_process_group(init_method='env://') without rank/world_size take them), or, if this process "
             f"is not one of {who(info)}'s ranks, unset its variables")

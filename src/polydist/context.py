@@ -334,7 +334,7 @@ def model_name() -> str:
     state = world()
     if state is None:
         return "serial"
-    return "horovod-dist" if dist.get_backend(state.pg) == "horovod" else "native-dist"
+    return join.model_name_of(dist.get_backend(state.pg))
 
 
 def get_nproc_per_node() -> int:

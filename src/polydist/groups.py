@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from . import _torch
 from ._state import World
-from .backends import horovod as horovod_backend
+from .backends import registry
 from .backends.direct import DirectProcessGroup
 from .context import comm_device, require_group, world
 from .errors import InvalidGroupError
@@ -50,6 +50,7 @@ class Resolved:
             :class:`~polydist.backends.direct.DirectProcessGroup` (mpi4py,
             horovod), whose blocking methods can be called without
             torch.distributed's dispatch (which costs more than a small MPI collective).
+        mover: the :class:`~polydist.collectives.mover.Mover` its collectives use, once chosen.
         seq: collectives called on this group so far (every member counts
             the same calls): debug fingerprints and timeout messages number
             calls with it.
@@ -60,7 +61,7 @@ class Resolved:
             a buffer a result is a view of), by name.
     """
 
-    __slots__ = ("pg", "ranks", "rank", "size", "group_rank", "backend", "device", "direct", "seq", "key", "predictors", "scratch")
+    __slots__ = ("pg", "ranks", "rank", "size", "group_rank", "backend", "device", "direct", "mover", "seq", "key", "predictors", "scratch")
 
     def __init__(self, pg: Optional["dist.ProcessGroup"], ranks: tuple[int, ...], rank: int) -> None:
         group = pg if pg is not None else _torch.default_pg()
@@ -69,6 +70,7 @@ class Resolved:
         self.backend = str(dist.get_backend(group))
         self.device: torch.device = comm_device(self.backend)
         self.direct = group if isinstance(group, DirectProcessGroup) else None
+        self.mover: Any = None  # how its pieces move: chosen on first use (polydist.collectives.exchange.mover)
         self.seq = 0
         self.predictors: dict = {}
         self.scratch: dict = {}
@@ -162,14 +164,15 @@ def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup",
 
 
 def has_subgroups(state: World) -> bool:
-    """Whether the world's backend can make groups of fewer ranks (all but horovod)."""
-    return dist.get_backend(state.pg) != horovod_backend.BACKEND_NAME
+    """Whether the world's backend can make groups of fewer ranks (all but horovod): its registry entry says."""
+    return registry.get(dist.get_backend(state.pg)).no_subgroups is None
 
 
 def _check_backend_has_subgroups(state: World, key: tuple[int, ...]) -> None:
-    """Raise NotImplementedError for a subgroup of a horovod world, on members and non-members alike."""
-    if len(key) < state.size and not has_subgroups(state):
-        raise horovod_backend.no_subgroups(list(key))
+    """Raise NotImplementedError for a subgroup of a world without subgroups (horovod), on members and non-members alike."""
+    no_subgroups = registry.get(dist.get_backend(state.pg)).no_subgroups
+    if len(key) < state.size and no_subgroups is not None:
+        raise no_subgroups(list(key))
 
 
 def _group_of(state: World, key: tuple[int, ...], kwargs: dict) -> "dist.ProcessGroup":

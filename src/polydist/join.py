@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from . import _torch, settings
-from ._state import HOST_BYTES, Layout, host_names, host_row
-from .backends import horovod as horovod_backend
-from .backends import mpi4py as mpi4py_backend
-from .backends.mpi4py import job as mpi_job
-from .announced import check_mpi_can_join
+from ._hosts import HOST_BYTES, host_names, host_row
+from ._state import Layout
+from .backends import horovod as _horovod  # noqa: F401 - declares its registry entry
+from .backends import mpi4py as _mpi4py  # noqa: F401 - declares its registry entry (and torch's "mpi")
+from .backends import registry
 from .environment import ProcessInfo, launcher, restart_count
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "group_kwargs",
     "create",
     "launcher",
+    "model_name_of",
     "layout_from_env",
     "layout_from_hostnames",
     "single_node_guess",
@@ -65,28 +66,17 @@ def resolve_backend(name: Optional[str]) -> str:
     if name is None:
         name = settings.BACKEND.read()
     if name is None:
-        cuda = torch.cuda.is_available() and dist.is_nccl_available()
-        return "nccl" if cuda else "gloo"
+        return registry.default_name()
     if not isinstance(name, str):
-        raise TypeError(f"backend must be a string such as 'gloo' or 'nccl', got {name!r}")
+        raise TypeError(f"backend must be a string such as {registry.GLOO.name!r} or {registry.NCCL.name!r}, got {name!r}")
     lowered = name.lower()
-    if lowered == horovod_backend.BACKEND_NAME and not horovod_backend.register():
-        raise ValueError(
-            f"Unknown backend {name!r}: Horovod is not installed (make horovod builds it). "
-            f"Backend should be one of {', '.join(available_backends())}"  # ignite's words
-        )
-    known = {b.lower() for b in dist.Backend.backend_list} | {"mpi"}
-    if lowered not in known:
+    entry = registry.get(lowered)
+    resolved = entry.resolve(name) if entry.resolve is not None else lowered  # may register it, or raise
+    if resolved not in {b.lower() for b in dist.Backend.backend_list}:
         raise ValueError(f"Unknown backend {name!r}. Available backends: {', '.join(available_backends())}")
-    if lowered == "nccl" and not torch.cuda.is_available():
-        raise ValueError("backend 'nccl' needs CUDA devices, and none is visible to this process")
-    if lowered == "mpi" and not mpi4py_backend.native_mpi_available():
-        if not mpi4py_backend.register():
-            raise ValueError(
-                "backend 'mpi' needs PyTorch built with MPI or the mpi4py package: pip install mpi4py mpich"
-            )
-        return mpi4py_backend.BACKEND_NAME  # stock wheels: MPI through mpi4py
-    return lowered
+    if not entry.device_visible():
+        raise ValueError(f"backend {lowered!r} needs {entry.device.upper()} devices, and none is visible to this process")
+    return resolved
 
 
 def layout_from_env(info: ProcessInfo) -> Optional[Layout]:
@@ -103,12 +93,15 @@ def comm_device(backend_name: Optional[str]) -> torch.device:
     """The device a group of backend ``backend_name`` communicates on: where its byte buffers must live.
 
     ``cuda:<current device>`` for nccl (which moves CUDA tensors only), else
-    ``cpu``. The one place this is decided: :func:`polydist.device` and every group's
+    ``cpu``: the backend's registry entry says. :func:`polydist.device` and every group's
     :class:`~polydist.groups.Resolved` use it.
     """
-    if backend_name == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return registry.get(backend_name).comm_device()
+
+
+def model_name_of(backend_name: str) -> str:
+    """``polydist.model_name()`` of a world on backend ``backend_name`` ("native-dist", "horovod-dist"): its registry entry says."""
+    return registry.get(backend_name).model_name
 
 
 def layout_from_hostnames() -> Layout:
@@ -158,20 +151,15 @@ def group_kwargs(
         settable = _torch.can_set_timeout(name)
         group_kwargs["timeout"] = max(td, JOIN_TIMEOUT_FLOOR) if settable else td
         group_kwargs["_collective_timeout"] = td
-    if init_method is None and meets_through_mpi(name, info):
-        check_mpi_can_join(info, (backend or name).lower())  # before MPI starts: a world of one under torchrun
-        init_method = "mpi://"  # rank and world size come from MPI itself
-    elif init_method is None and name == horovod_backend.BACKEND_NAME:
-        if info.is_distributed and info.launcher != "horovod":  # Horovod would see a world of one here
-            raise ValueError(
-                f"backend 'horovod' needs its ranks started by horovodrun (or polydist.spawn / horovod.run); this "
-                f"process is rank {info.rank} of {info.world_size} started by {info.launcher}, which Horovod cannot "
-                "join: launch with horovodrun -np N python script.py"
-            )
-        init_method = "horovod://"  # rank and world size come from Horovod (horovodrun)
+    entry = registry.get(name)
+    host = registry.rendezvous_for(entry, info) if init_method is None else None
+    if host is not None:  # rank and world size come from that backend's job (MPI, horovodrun)
+        if host.check_join is not None:
+            host.check_join(info, (backend or name).lower())  # before it starts: a world of one under torchrun
+        init_method = host.init_url
     if init_method is not None:
         group_kwargs["init_method"] = init_method
-    if name == "mpi" or init_method in ("mpi://", "horovod://"):
+    if entry.ranks_from_backend or registry.by_init_url(init_method) is not None:
         if rank is not None or world_size is not None:
             group_kwargs.update(rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size)
         return group_kwargs
@@ -205,7 +193,7 @@ def group_kwargs(
             f"world_size={world_size} but no way to rendezvous: pass init_method "
             "(e.g. 'tcp://HOST:PORT') or launch with polydist run / torchrun, which set MASTER_ADDR/MASTER_PORT"
         )
-    if name == "nccl" and info.local_rank is not None:
+    if entry.device == "cuda" and info.local_rank is not None:
         torch.cuda.set_device(info.local_rank)
     return group_kwargs
 
@@ -248,13 +236,6 @@ def _serves_loopback_store(info: ProcessInfo) -> bool:
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False" and info.master_addr in ("127.0.0.1", "localhost")
 
 
-def meets_through_mpi(name: str, info: ProcessInfo) -> bool:
-    """Rendezvous over MPI: the mpi4py backend, or any backend in an MPI job (also srun --mpi) without MASTER_ADDR."""
-    if name == mpi4py_backend.BACKEND_NAME:
-        return True
-    return info.mpi_flavor is not None and not info.master_addr and mpi4py_backend.register()
-
-
 def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
     """Warn before a multi-node gloo job that would fail after a long wait with "Connection refused".
 
@@ -262,7 +243,7 @@ def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
     Debian (127.0.1.1) and in many containers that is loopback, which ranks
     on other hosts cannot reach. Only a warning: nodes may share one host.
     """
-    if backend != "gloo" or (info.nnodes or 1) < 2 or os.environ.get("GLOO_SOCKET_IFNAME"):
+    if not registry.get(backend).offers_host_address or (info.nnodes or 1) < 2 or os.environ.get("GLOO_SOCKET_IFNAME"):
         return
     master = info.master_addr or ""
     try:
@@ -294,21 +275,13 @@ def create(group_kwargs: dict, info: ProcessInfo) -> Optional[timedelta]:
     dist.init_process_group(**group_kwargs)
     if td is not None and td != group_kwargs["timeout"]:
         _torch.set_default_timeout(td)  # joined with the floor; collectives wait td
-    if group_kwargs.get("init_method") == "mpi://" or group_kwargs["backend"] == "mpi":
-        # MPI collectives have no timeout: an uncaught exception must end the job.
-        mpi_job.install_abort_hook()
+    entry = registry.get(group_kwargs["backend"])
+    joined = {registry.by_init_url(group_kwargs.get("init_method")), entry if entry.ranks_from_backend else None}
+    for hook in {e.after_join for e in joined if e is not None and e.after_join is not None}:
+        hook()  # MPI's: collectives without a timeout, so an uncaught exception must end the job
     return td
 
 
 def available_backends() -> tuple[str, ...]:
     """Backends usable in this process: built into this PyTorch and, for nccl, with CUDA visible."""
-    names = []
-    if dist.is_gloo_available():
-        names.append("gloo")
-    if dist.is_nccl_available() and torch.cuda.is_available():
-        names.append("nccl")
-    if dist.is_mpi_available():
-        names.append("mpi")
-    builtin = {"gloo", "nccl", "mpi", "ucc", "xccl", "undefined", "fake"}
-    names.extend(b for b in dist.Backend.backend_list if b not in builtin and b not in names)
-    return tuple(names)
+    return registry.available_names()

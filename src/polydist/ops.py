@@ -6,6 +6,8 @@ backend, the dtypes and (op, dtype) pairs that backend can reduce, so a
 combination it would fail inside (gloo's ``Invalid scalar type`` for uint16)
 is a ``TypeError`` naming dtype, op and backend before anything is sent
 (:func:`check_backend`, called by the pipeline once the group is known).
+Each backend's table is a trait of its entry in
+:mod:`polydist.backends.registry`, which declares it here.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def check_op_dtype(name: str, dtype: torch.dtype) -> None:
 
 @dataclass(frozen=True)
 class Reductions:
-    """What one backend can reduce: a trait of the backend, declared once (:func:`declare`).
+    """What one backend can reduce: a trait of its registry entry (``reductions``), declared once (:func:`declare`).
 
     Attributes:
         backend: the backend's name, as ``torch.distributed.get_backend`` gives it.
@@ -186,37 +188,3 @@ def check_backend(backend: str, name: str, dtype: torch.dtype) -> None:
     if why is not None:
         raise TypeError(f"{why}; convert the tensor to a dtype it reduces, e.g. int32, int64 or float32")
     _BACKEND_OK.add((backend, name, dtype))
-
-
-_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
-_COMPLEX = {torch.complex64, torch.complex128}  # SUM/AVG only (check_op_dtype), as pairs of reals
-_UNSIGNED_WIDE = {torch.uint16, torch.uint32, torch.uint64}
-
-# gloo: ProcessGroupGloo instantiates its reductions for float, double, half, bfloat16, int8, uint8,
-# int32, int64 and bool only (GENERATE_ALL_TYPES); int16 and uint16/32/64 fail inside gloo with
-# "Invalid scalar type" under every op (measured on torch 2.13: all_reduce, reduce, reduce_scatter).
-GLOO = declare(Reductions(
-    "gloo", frozenset(_FLOATS | _COMPLEX | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}),
-    source="torch's ProcessGroupGloo.cpp (GENERATE_ALL_TYPES); measured on torch 2.13",
-))
-# nccl: torch's ncclDataType map (int8, uint8, int32, int64, float16/32/64, bfloat16, bool as uint8, the
-# float8 types) and NCCL's ops (sum, prod, max, min, avg: no bitwise ops, torch refuses BAND/BOR/BXOR).
-_FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
-_NCCL_DTYPES = frozenset(_FLOATS | _COMPLEX | _FLOAT8 | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool})
-NCCL = declare(Reductions(
-    "nccl", _NCCL_DTYPES, refused={op: _NCCL_DTYPES for op in ("AND", "OR", "XOR")},
-    source="torch's ProcessGroupNCCL (ncclDataType, ncclOp); NCCL's docs (ncclDataType_t, ncclRedOp_t)",
-))
-# mpi4py: every MPI integer width, float32/64, C bool and complex; float16/bfloat16 reduced in float32
-# (backends/mpi4py/_mpi.py REDUCE_TYPES).
-MPI4PY = declare(Reductions(
-    "mpi4py",
-    frozenset(_FLOATS | _COMPLEX | _UNSIGNED_WIDE | {torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool}),
-    source="polydist's mpi4py group (MPI datatypes of backends/mpi4py/_mpi.py)",
-))
-# horovod: Horovod's own dtypes natively, the rest gathered and reduced by torch on the CPU, which has
-# no min/max for uint16/32/64 (measured on torch 2.13).
-HOROVOD = declare(Reductions(
-    "horovod", MPI4PY.dtypes, refused={"MIN": frozenset(_UNSIGNED_WIDE), "MAX": frozenset(_UNSIGNED_WIDE)},
-    source="polydist's horovod group (backends/horovod/process_group.py); torch's CPU min/max kernels",
-))

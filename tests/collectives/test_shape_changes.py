@@ -2,7 +2,7 @@
 
 all_gather, gather, scatter and all_to_all move each item with its header
 in a slot whose width is predicted from earlier calls
-(:mod:`polydist.collectives.exchange`); MPI moves exact sizes after a header
+(:mod:`polydist.collectives.slots`); MPI moves exact sizes after a header
 exchange. These tests change one rank's shape at random steps (a schedule
 every rank draws from the same seed) and check every result exactly, on gloo
 and on the mpi4py backend, in debug mode too; they check that repeated shapes
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import polydist as pd
 from polydist import context
-from polydist.collectives import exchange
+from polydist.collectives import slots
 from polydist.groups import resolve
 
 pytestmark = pytest.mark.timeout(240)
@@ -82,8 +82,8 @@ def _counted_calls(steps: int) -> dict:
 
         return wrapper
 
-    originals = {name: getattr(exchange, name, None) for name in ("all_gather_single",)}
-    exchange.all_gather_single = counting(originals["all_gather_single"])
+    originals = {name: getattr(slots, name, None) for name in ("all_gather_single",)}
+    slots.all_gather_single = counting(originals["all_gather_single"])
     patched = {name: getattr(dist, name) for name in ("scatter", "all_to_all_single", "isend", "irecv")}
     for name, fn in patched.items():
         setattr(dist, name, counting(fn))
@@ -103,7 +103,7 @@ def _counted_calls(steps: int) -> dict:
                 call()
                 counts[name].append(len(seen))
     finally:
-        exchange.all_gather_single = originals["all_gather_single"]
+        slots.all_gather_single = originals["all_gather_single"]
         for name, fn in patched.items():
             setattr(dist, name, fn)
     return counts
@@ -151,13 +151,13 @@ def _wide_and_narrow(seed: int, steps: int) -> int:
     plan = random.Random(seed)
     checks = 0
     wide = []
-    originals = exchange._scatter_wide, exchange._all_to_all_wide
-    exchange._scatter_wide = lambda *a: (wide.append("scatter"), originals[0](*a))[1]
-    exchange._all_to_all_wide = lambda *a: (wide.append("all_to_all"), originals[1](*a))[1]
+    originals = slots._scatter_wide, slots._all_to_all_wide
+    slots._scatter_wide = lambda *a: (wide.append("scatter"), originals[0](*a))[1]
+    slots._all_to_all_wide = lambda *a: (wide.append("all_to_all"), originals[1](*a))[1]
     try:
         checks = _switching(plan, r, n, steps)
     finally:
-        exchange._scatter_wide, exchange._all_to_all_wide = originals
+        slots._scatter_wide, slots._all_to_all_wide = originals
     direct = resolve(context.require_group(), None).direct is not None  # MPI: headers first at every size
     return checks, direct or {"scatter", "all_to_all"} <= set(wide)
 

@@ -2,10 +2,11 @@
 
 A :class:`DirectProcessGroup` (the mpi4py and horovod groups) is a
 ``torch.distributed.ProcessGroup`` that also offers polydist's collectives
-(:mod:`polydist.collectives.reduce`, :mod:`polydist.collectives.exchange`)
-blocking calls of their own: a small call then costs about as much as the
-transport itself, not torch's dispatch into a Python group, and the any-shape
-collectives move pieces of different sizes as they are, without padding.
+blocking calls of their own, made through their mover
+(:class:`polydist.collectives.mover.DirectMover`, the only caller): a small
+call then costs about as much as the transport itself, not torch's dispatch
+into a Python group, and the any-shape collectives move pieces of different
+sizes as they are, without padding.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """What polydist's ProcessGroups written in Python (mpi4py, horovod) share.
 
 A name under which torch registers the group, one :class:`~polydist.backends.work.Lane`
-that runs the group's operations in call order, and the operations torch asks
-for that are compositions of others (the coalesced and list forms).
+that runs the group's operations in call order, the operations torch asks
+for that are compositions of others (the coalesced and list forms), and
+torch's other names for the same operations (``_allgather_base``, ...).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .direct import DirectProcessGroup
-from .work import Lane, Work
+from .work import Lane, LaneWork
 
 __all__ = ["PythonProcessGroup", "opt"]
 
@@ -45,12 +46,12 @@ class PythonProcessGroup(DirectProcessGroup):
             raise RuntimeError("ProcessGroup name not set")
         return self._group_name
 
-    def _run(self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor]) -> Work:
+    def _run(self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor]) -> LaneWork:
         """``body`` on the lane, in call order; blocking when torch asked for ``async_op=False``."""
         return self._lane.run(body, result, not opt(opts, "asyncOp", True), op, inputs)
 
-    def _after(self, works: list, result: Any, opts: Any) -> Work:
-        """One Work for several queued on this lane: done when the last is (the lane keeps order)."""
+    def _after(self, works: list, result: Any, opts: Any) -> LaneWork:
+        """One LaneWork for several queued on this lane: done when the last is (the lane keeps order)."""
 
         def body() -> None:
             for w in works:
@@ -60,24 +61,44 @@ class PythonProcessGroup(DirectProcessGroup):
 
     # ------------------------------------------------------------ compositions (the subclasses define the *_single)
 
-    def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Work:
+    def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
         works = [self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts) for out, ins in zip(outputs, input_lists)]
         return works[-1] if len(works) == 1 else self._after(works, outputs, opts)
 
-    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+    def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         return self._after([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs, opts)
 
-    def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+    def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
-    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         return self._after([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs, opts)
 
-    def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+    def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         return self.all_gather_single_coalesced(outputs, inputs, opts)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         raise NotImplementedError
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int], opts: Any = None,
+    ) -> LaneWork:  # fmt: skip
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ torch's other names for the same operations
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
+        return self.reduce_scatter_single(output, input, opts)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
+        return self.all_gather_single(output, input, opts)
+
+    def alltoall_base(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int], opts: Any = None,
+    ) -> LaneWork:  # fmt: skip
+        return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         raise NotImplementedError

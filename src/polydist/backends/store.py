@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlparse
 import numpy as np
 import torch.distributed as dist
 
-from .._state import host_names, host_row
+from .._hosts import host_names, host_row
 from .._torch import loopback_store_server
 
 __all__ = ["check_requested", "serve_store"]

@@ -2,7 +2,7 @@
 
 Collectives of one communicator run in call order on that communicator's
 :class:`Lane`, a worker thread, as in PyTorch's own ``ProcessGroupMPI``: a
-call with ``async_op=True`` returns at once with pending :class:`Work`, and
+call with ``async_op=True`` returns at once with pending :class:`LaneWork`, and
 the worker runs MPI's blocking collective while the caller computes (mpi4py
 releases the GIL inside MPI). DistributedDataParallel relies on this to
 overlap gradient all-reduces with the backward pass. A blocking call
@@ -34,7 +34,7 @@ from torch.futures import Future
 
 from .._torch import WorkBase
 
-__all__ = ["Lane", "Work", "StatusRequest", "profiling"]
+__all__ = ["Lane", "LaneWork", "StatusRequest", "profiling"]
 
 _enter = torch._C._autograd._record_function_with_args_enter
 _exit = torch._C._autograd._record_function_with_args_exit
@@ -46,8 +46,9 @@ def _record(backend: str, op: str, tensors: Sequence[torch.Tensor]) -> Any:
     return _enter(f"{backend}:{op}", *tensors)
 
 
-class Work(WorkBase):
-    """Work of one operation: complete at creation, queued on a :class:`Lane`, or an MPI request.
+class LaneWork(WorkBase):
+    """The work handle of one operation of a Python group: complete at creation, queued on a :class:`Lane`,
+    or an MPI request (``torch.distributed.Work``'s interface; ``backend`` names the group in profiles).
 
     ``wait(timeout)`` blocks until done and re-raises the operation's error
     (an ``mpi4py.MPI.Exception`` or whatever the collective raised); a
@@ -64,7 +65,7 @@ class Work(WorkBase):
         *,
         queued: bool = False,
         record: Any = None,
-        backend: str = "mpi4py",
+        backend: str,
     ) -> None:
         super().__init__()
         self._result = result
@@ -84,7 +85,7 @@ class Work(WorkBase):
             record, self._record = self._record, None
             _exit(record)
         self._error = error
-        if self._done is not None:  # completed before the future is (as torch's own Work): whoever the
+        if self._done is not None:  # completed before the future is (as torch's own LaneWork): whoever the
             self._done.set()  # future wakes finds is_completed() true
         future = self._future
         if future is not None and not future.done():
@@ -93,7 +94,7 @@ class Work(WorkBase):
             else:
                 future.set_exception(error)
 
-    # ---------------------------------------------------------------- the Work API
+    # ---------------------------------------------------------------- the LaneWork API
 
     def wait(self, timeout: Optional[timedelta] = None) -> bool:
         seconds = None if timeout is None or timeout == timedelta(0) else timeout.total_seconds()
@@ -154,11 +155,11 @@ def _wait_until(request: Any, seconds: float, backend: str) -> None:
         time.sleep(1e-4)
 
 
-def request_work(result: Any, request: Any, backend: str, op: str, tensors: Sequence[torch.Tensor], **kw: Any) -> Work:
-    """Work for a started MPI request; while profiling, the progress thread completes it (an async event)."""
+def request_work(result: Any, request: Any, backend: str, op: str, tensors: Sequence[torch.Tensor], **kw: Any) -> LaneWork:
+    """LaneWork for a started MPI request; while profiling, the progress thread completes it (an async event)."""
     if not profiling():
-        return Work(result, request, backend=backend, **kw)
-    work = Work(result, request, queued=True, record=_record(backend, op, tensors), backend=backend, **kw)
+        return LaneWork(result, request, backend=backend, **kw)
+    work = LaneWork(result, request, queued=True, record=_record(backend, op, tensors), backend=backend, **kw)
     _progress.add(work)
     return work
 
@@ -196,8 +197,8 @@ class Lane:
         self._cond = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
 
-    def run(self, body: Callable[[], None], result: Any, blocking: bool, op: str, tensors: Sequence[torch.Tensor]) -> Work:
-        """Run ``body`` (the MPI calls) in order with this lane's other work; Work for its ``result``.
+    def run(self, body: Callable[[], None], result: Any, blocking: bool, op: str, tensors: Sequence[torch.Tensor]) -> LaneWork:
+        """Run ``body`` (the MPI calls) in order with this lane's other work; LaneWork for its ``result``.
 
         Inline when ``blocking`` and nothing is queued and no profiler records;
         otherwise queued. Errors raised by ``body`` reach ``wait()`` and the future.
@@ -206,9 +207,9 @@ class Lane:
         profiled = profiling()
         if blocking and not self.pending and not profiled:
             body()
-            return Work(result, backend=self.backend)
+            return LaneWork(result, backend=self.backend)
         record = _record(self.backend, op, tensors) if profiled else None
-        work = Work(result, queued=True, record=record, backend=self.backend)
+        work = LaneWork(result, queued=True, record=record, backend=self.backend)
         with self._cond:
             self.pending += 1
             self._queue.append((body, work))
@@ -222,7 +223,7 @@ class Lane:
     def call(self, body: Callable[[], None], op: str, tensors: Sequence[torch.Tensor]) -> None:
         """Run ``body`` now, in order with the queued work (inline when idle, as :meth:`run`), and return when done.
 
-        :meth:`run` and ``wait()`` minus the :class:`Work` handle, which costs as
+        :meth:`run` and ``wait()`` minus the :class:`LaneWork` handle, which costs as
         much as a small MPI call: polydist's blocking byte exchanges take this.
         """
         if not self.pending and not profiling():
@@ -267,15 +268,15 @@ class _Progress:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._pending: list = []  # [Work]
+        self._pending: list = []  # [LaneWork]
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
 
-    def add(self, work: Work) -> None:
+    def add(self, work: LaneWork) -> None:
         with self._cond:
             self._pending.append(work)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="polydist-mpi-progress", daemon=True)
+                self._thread = threading.Thread(target=self._loop, name="polydist-request-progress", daemon=True)
                 self._thread.start()
             self._cond.notify()
 

@@ -17,25 +17,21 @@ import torch.distributed as dist
 
 from .. import codec
 from .._torch import reduce_scatter_single
+from ..backends import registry
 from ..context import world
 from ..groups import GroupLike, Resolved
 from ..ops import SUSPECT, OpLike, check_backend, check_op_dtype, op_for, resolve_op, to_reduce_op
+from .exchange import mover
 from .numbers import all_reduce_value, check_number, reduce_numbers, reduce_value
 from .pipeline import Collective, check_tensor, contiguous, done, finish
 from .debug import describe_tensor
 
 __all__ = ["all_reduce", "reduce", "reduce_scatter"]
 
-# Backends whose reduce() leaves the input of non-destination ranks untouched;
-# gloo (and unknown backends, to be safe) write partial results into it.
-_REDUCE_KEEPS_INPUT = frozenset({"nccl", "mpi", "mpi4py"})
-# Backends with a native ReduceOp.AVG that matches SUM-then-divide.
-_NATIVE_AVG = frozenset({"nccl", "mpi4py"})
-
 
 def _op(name: str, res: Resolved) -> tuple[dist.ReduceOp, bool]:
     """The ReduceOp to run and whether AVG must be finished by dividing by the group size."""
-    if name == "AVG" and res.backend not in _NATIVE_AVG:
+    if name == "AVG" and not registry.get(res.backend).native_avg:
         return dist.ReduceOp.SUM, True
     return to_reduce_op(name), False
 
@@ -163,9 +159,9 @@ def _all_reduce_fingerprint(tensor: Any, name: str, tensors: Any) -> tuple:
 
 
 def _all_reduce_body(res: Resolved, tensor: Any, name: str, tensors: Any, async_op: bool) -> Any:
-    direct = res.direct
-    if direct is not None and tensors is not None and len(tensors) == 1 and not async_op:
-        direct.allreduce_tensor(tensors[0], name)  # mpi4py: its blocking allreduce, minus torch's dispatch
+    lean = (res.mover or mover(res)).all_reduce
+    if lean is not None and tensors is not None and len(tensors) == 1 and not async_op:
+        lean(tensors[0], name)  # the mover's own blocking call (mpi4py's, minus torch's dispatch)
         return tensor  # what the caller passed: the tensor, or its one-tensor list or tuple
     if tensors is None:
         return done(all_reduce_value(tensor, name, res), async_op)
@@ -254,7 +250,7 @@ def _reduce_body(res: Resolved, tensor: Any, dst: int, name: str, is_tensor: boo
         return done(reduce_value(tensor, name, dst, res), async_op)
     here = res.rank == dst
     red, divide = _op(name, res)
-    if here or res.backend in _REDUCE_KEEPS_INPUT:
+    if here or registry.get(res.backend).reduce_keeps_input:  # gloo writes partial results into it
         buf = contiguous(tensor)
     else:  # the backend would leave partial results in the input: hand it a copy
         buf = tensor.clone(memory_format=torch.contiguous_format) if async_op else _scratch_copy(tensor)

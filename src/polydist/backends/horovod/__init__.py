@@ -10,10 +10,13 @@ polydist is imported, without importing Horovod) when Horovod is installed;
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import Any, Optional
 
 import torch.distributed as dist
 
+from ... import ops
+from ...environment import ProcessInfo
+from .. import registry
 from . import job
 from .process_group import BACKEND_NAME, HorovodProcessGroup, hvd
 
@@ -70,3 +73,42 @@ def register() -> bool:
     dist.register_rendezvous_handler("horovod", job.rendezvous)
     _registered = True
     return True
+
+
+def _resolve(name: str) -> str:
+    if not register():
+        raise ValueError(
+            f"Unknown backend {name!r}: Horovod is not installed (make horovod builds it). "
+            f"Backend should be one of {', '.join(registry.available_names())}"  # ignite's words
+        )
+    return BACKEND_NAME
+
+
+def _check_join(info: ProcessInfo, name: str) -> None:
+    """Raise ``ValueError`` in ranks another launcher started: Horovod would see a world of one there."""
+    if info.is_distributed and info.launcher != "horovod":
+        raise ValueError(
+            f"backend 'horovod' needs its ranks started by horovodrun (or polydist.spawn / horovod.run); this "
+            f"process is rank {info.rank} of {info.world_size} started by {info.launcher}, which Horovod cannot "
+            "join: launch with horovodrun -np N python script.py"
+        )
+
+
+def _advice(info: ProcessInfo, who: str) -> Optional[str]:
+    if info.launcher == "horovod":
+        return None
+    return (f"Horovod sees only the ranks horovodrun started (horovodrun -np {info.world_size} python SCRIPT); "
+            f"use gloo (nccl on GPUs) under {who}")
+
+
+# Horovod's own dtypes natively, the rest gathered and reduced by torch on the CPU, which has no min/max
+# for uint16/32/64 (measured on torch 2.13). No point-to-point; no subgroups; idist's "horovod-dist".
+HOROVOD = registry.declare(registry.Backend(
+    BACKEND_NAME, no_subgroups=no_subgroups, point_to_point=False, init_url="horovod://", resolve=_resolve,
+    check_join=_check_join, model_name="horovod-dist", training=hvd, launch_advice=_advice, register=register,
+    reductions=ops.Reductions(
+        BACKEND_NAME, registry.MPI_DTYPES,
+        refused={"MIN": registry.UNSIGNED_WIDE, "MAX": registry.UNSIGNED_WIDE},
+        source="polydist's horovod group (backends/horovod/process_group.py); torch's CPU min/max kernels",
+    ),
+))

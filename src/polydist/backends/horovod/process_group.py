@@ -61,7 +61,7 @@ import torch.distributed as dist
 from ...ops import check_op_dtype, resolve_op
 from ..python_group import PythonProcessGroup, opt
 from ..tensors import byte_counts, unflatten
-from ..work import Work
+from ..work import LaneWork
 
 __all__ = ["HorovodProcessGroup", "BACKEND_NAME"]
 
@@ -177,7 +177,7 @@ class HorovodProcessGroup(PythonProcessGroup):
 
     # ------------------------------------------------------------ reductions
 
-    def allreduce(self, tensors: list, opts: Any = None) -> Work:
+    def allreduce(self, tensors: list, opts: Any = None) -> LaneWork:
         op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
         plans = [_reduce_plan(t, op) for t in tensors]
 
@@ -192,7 +192,7 @@ class HorovodProcessGroup(PythonProcessGroup):
 
     allreduce_coalesced = allreduce
 
-    def reduce(self, tensors: list, opts: Any = None) -> Work:
+    def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
         op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
         plans = [_reduce_plan(t, op) for t in tensors]
@@ -206,7 +206,7 @@ class HorovodProcessGroup(PythonProcessGroup):
 
         return self._run("reduce", body, tensors, opts, tensors)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
         size = self.size()
         if input.numel() != output.numel() * size:
@@ -230,11 +230,9 @@ class HorovodProcessGroup(PythonProcessGroup):
 
         return self._run("reduce_scatter_tensor", body, output, opts, [input])
 
-    _reduce_scatter_base = reduce_scatter_single
-
     # ------------------------------------------------------------ data movement
 
-    def broadcast(self, tensors: list, opts: Any = None) -> Work:
+    def broadcast(self, tensors: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
         for t in tensors:
             _check_cpu(t)
@@ -249,7 +247,7 @@ class HorovodProcessGroup(PythonProcessGroup):
 
         return self._run("broadcast", body, tensors, opts, tensors)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         size = self.size()
         if output.nbytes != input.nbytes * size:
             raise ValueError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {size}")
@@ -262,9 +260,7 @@ class HorovodProcessGroup(PythonProcessGroup):
 
         return self._run("all_gather_into_tensor", body, output, opts, [input])
 
-    _allgather_base = all_gather_single
-
-    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
         for outs, inp in zip(output_lists, inputs):
             _check_outputs("all_gather", outs, inp, self.size())
@@ -275,7 +271,7 @@ class HorovodProcessGroup(PythonProcessGroup):
 
         return self._run("all_gather", body, output_lists, opts, inputs)
 
-    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``), in one all-gather."""
         size = self.size()
         if len(output_lists) != size or any(len(outs) != len(inputs) for outs in output_lists):
@@ -294,7 +290,7 @@ class HorovodProcessGroup(PythonProcessGroup):
 
         return self._run("all_gather_coalesced", body, output_lists, opts, inputs)
 
-    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
         here = self.rank() == root
         _check_cpu(inputs[0])
@@ -308,7 +304,7 @@ class HorovodProcessGroup(PythonProcessGroup):
 
         return self._run("gather", body, output_lists, opts, inputs)
 
-    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Work:
+    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
         here = self.rank() == root
         size = self.size()
@@ -333,7 +329,7 @@ class HorovodProcessGroup(PythonProcessGroup):
         output_split_sizes: Sequence[int],
         input_split_sizes: Sequence[int],
         opts: Any = None,
-    ) -> Work:
+    ) -> LaneWork:
         size = self.size()
         _check_cpu(input)
         _check_cpu(output)
@@ -348,9 +344,7 @@ class HorovodProcessGroup(PythonProcessGroup):
 
         return self._run("all_to_all", body, output, opts, [input])
 
-    alltoall_base = all_to_all_single
-
-    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         for t in (*inputs, *outputs):
             _check_cpu(t)
         if len(inputs) != self.size() or len(outputs) != self.size():
@@ -365,7 +359,7 @@ class HorovodProcessGroup(PythonProcessGroup):
 
         return self._run("all_to_all", body, outputs, opts, inputs)
 
-    def barrier(self, opts: Any = None) -> Work:
+    def barrier(self, opts: Any = None) -> LaneWork:
         return self._run("barrier", lambda: hvd().barrier(), None, opts, ())
 
     # ------------------------------------------------------------ polydist's direct calls (blocking)
@@ -446,19 +440,19 @@ class HorovodProcessGroup(PythonProcessGroup):
 
     # ------------------------------------------------------------ point-to-point: not in Horovod
 
-    def _no_p2p(self, op: str) -> Work:
+    def _no_p2p(self, op: str) -> LaneWork:
         raise NotImplementedError(
             f"{op}: the {BACKEND_NAME} backend has no point-to-point operations (a Horovod operation needs every "
             "rank of its process set); use the gloo or mpi backend for send/recv"
         )
 
-    def send(self, tensors: list, dst: int, tag: int) -> Work:
+    def send(self, tensors: list, dst: int, tag: int) -> LaneWork:
         return self._no_p2p("send")
 
-    def recv(self, tensors: list, src: int, tag: int) -> Work:
+    def recv(self, tensors: list, src: int, tag: int) -> LaneWork:
         return self._no_p2p("recv")
 
-    def recv_anysource(self, tensors: list, tag: int) -> Work:
+    def recv_anysource(self, tensors: list, tag: int) -> LaneWork:
         return self._no_p2p("recv")
 
 

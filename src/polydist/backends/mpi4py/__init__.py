@@ -17,9 +17,10 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from ... import settings
+from ... import ops, settings
 from ...announced import check_group, check_mpi_can_join
-from ...environment import launcher, mpi_job
+from ...environment import ProcessInfo, launcher, mpi_job
+from .. import registry
 from . import _mpi, job
 from .process_group import MPIProcessGroup
 
@@ -157,3 +158,39 @@ def register() -> bool:
     provide_torch_mpi()
     _registered = True
     return True
+
+
+def _resolve_torch_mpi(name: str) -> str:
+    """torch's ``mpi`` where this PyTorch has it, else this stand-in's ``mpi4py`` (registered here)."""
+    if native_mpi_available():
+        return "mpi"
+    if not register():
+        raise ValueError("backend 'mpi' needs PyTorch built with MPI or the mpi4py package: pip install mpi4py mpich")
+    return BACKEND_NAME  # stock wheels: MPI through mpi4py
+
+
+def _advice(info: ProcessInfo, who: str) -> Optional[str]:
+    if info.mpi_flavor is not None:
+        return None
+    return (f"the MPI backend needs an MPI launcher such as mpiexec (mpiexec -n {info.world_size} python "
+            f"SCRIPT, or polydist run --backend mpi); use gloo (nccl on GPUs) under {who}")
+
+
+def _hosts_rendezvous(info: ProcessInfo) -> bool:
+    """In an MPI job (also srun --mpi) without MASTER_ADDR, every backend's ranks meet over ``mpi://``."""
+    return info.mpi_flavor is not None and not info.master_addr and register()
+
+
+# torch's own "mpi" (native, or this stand-in on stock wheels): rank and world size from MPI, no AVG.
+registry.declare(registry.Backend(
+    "mpi", builtin=True, available=lambda: dist.is_mpi_available(), reduce_keeps_input=True, ranks_from_backend=True,
+    resolve=_resolve_torch_mpi, after_join=job.install_abort_hook, launch_advice=_advice,
+))
+# mpi4py: every MPI integer width, float32/64, C bool and complex; float16/bfloat16 reduced in float32
+# (_mpi.py REDUCE_TYPES).
+MPI4PY = registry.declare(registry.Backend(
+    BACKEND_NAME, reduce_keeps_input=True, native_avg=True, init_url="mpi://", check_join=check_mpi_can_join,
+    hosts_rendezvous=_hosts_rendezvous, after_join=job.install_abort_hook, launch_advice=_advice, register=register,
+    reductions=ops.Reductions(BACKEND_NAME, registry.MPI_DTYPES,
+                              source="polydist's mpi4py group (MPI datatypes of backends/mpi4py/_mpi.py)"),
+))

@@ -57,7 +57,7 @@ import torch.distributed as dist
 from . import _mpi
 from ..python_group import PythonProcessGroup, opt
 from ..tensors import apart, byte_counts, own_slot, unflatten
-from ..work import StatusRequest, Work, profiling, request_work
+from ..work import LaneWork, StatusRequest, profiling, request_work
 
 __all__ = ["MPIProcessGroup"]
 
@@ -104,7 +104,7 @@ class MPIProcessGroup(PythonProcessGroup):
         self._allreduce([t], op, None).wait()
         return t
 
-    def _allreduce(self, tensors: list, op: Any, opts: Any) -> Work:
+    def _allreduce(self, tensors: list, op: Any, opts: Any) -> LaneWork:
         setups = [_mpi.reduce_setup(t, op) for t in tensors]
         for t in tensors:
             _mpi.check_cpu(t)
@@ -123,10 +123,10 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("all_reduce", body, tensors, opts, tensors)
 
-    def allreduce(self, tensors: list, opts: Any = None) -> Work:
+    def allreduce(self, tensors: list, opts: Any = None) -> LaneWork:
         return self._allreduce(tensors, opt(opts, "reduceOp", dist.ReduceOp.SUM), opts)
 
-    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Work:
+    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> LaneWork:
         op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
         setups = {t.dtype: _mpi.reduce_setup(t, op) for t in tensors}  # the op x dtype check, once per dtype
         for t in tensors:
@@ -145,7 +145,7 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("allreduce_coalesced", body, tensors, opts, tensors)
 
-    def reduce(self, tensors: list, opts: Any = None) -> Work:
+    def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
         op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
         me = self.comm.Get_rank()
@@ -168,7 +168,7 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("reduce", body, tensors, opts, tensors)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
         size = self.comm.Get_size()
         if input.numel() != output.numel() * size:
@@ -195,11 +195,9 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("reduce_scatter_tensor", body, output, opts, [input])
 
-    _reduce_scatter_base = reduce_scatter_single
-
     # ------------------------------------------------------------ data movement
 
-    def broadcast(self, tensors: list, opts: Any = None) -> Work:
+    def broadcast(self, tensors: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
         me = self.comm.Get_rank()
         for t in tensors:
@@ -212,7 +210,7 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("broadcast", body, tensors, opts, tensors)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         size = self.comm.Get_size()
         if output.nbytes != input.nbytes * size:
             raise ValueError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {size}")
@@ -231,9 +229,7 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("all_gather_into_tensor", body, output, opts, [input])
 
-    _allgather_base = all_gather_single
-
-    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
         size = self.comm.Get_size()
         for outs, inp in zip(output_lists, inputs):
@@ -248,7 +244,7 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("all_gather", body, output_lists, opts, inputs)
 
-    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``), in one Allgather."""
         size = self.comm.Get_size()
         if len(output_lists) != size or any(len(outs) != len(inputs) for outs in output_lists):
@@ -272,7 +268,7 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("all_gather_coalesced", body, output_lists, opts, inputs)
 
-    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Work:
+    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
         me, size = self.comm.Get_rank(), self.comm.Get_size()
         _mpi.check_cpu(inputs[0])
@@ -290,7 +286,7 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("gather", body, output_lists, opts, inputs)
 
-    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Work:
+    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
         me = self.comm.Get_rank()
         _mpi.check_cpu(outputs[0])
@@ -314,7 +310,7 @@ class MPIProcessGroup(PythonProcessGroup):
         output_split_sizes: Sequence[int],
         input_split_sizes: Sequence[int],
         opts: Any = None,
-    ) -> Work:
+    ) -> LaneWork:
         size = self.comm.Get_size()
         _mpi.check_cpu(input)
         _mpi.check_cpu(output)
@@ -345,9 +341,7 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("all_to_all", body, output, opts, [input])
 
-    alltoall_base = all_to_all_single
-
-    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Work:
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         for t in (*inputs, *outputs):
             _mpi.check_cpu(t)
         send = [t.nbytes for t in inputs]
@@ -361,7 +355,7 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("all_to_all", body, outputs, opts, inputs)
 
-    def barrier(self, opts: Any = None) -> Work:
+    def barrier(self, opts: Any = None) -> LaneWork:
         return self._run("barrier", self.comm.Barrier, None, opts, ())
 
     # ------------------------------------------------------------ polydist's piece exchanges (blocking, direct)
@@ -372,7 +366,6 @@ class MPIProcessGroup(PythonProcessGroup):
     # collective, which mpich runs faster than the v-one at large sizes.
 
     def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
-        """Every rank's header and body; returns ``(plan, bodies)``."""
         heads = bytearray(len(header) * self.comm.Get_size())
         done: list = []
 
@@ -389,7 +382,6 @@ class MPIProcessGroup(PythonProcessGroup):
         return done[0]
 
     def gather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any], root: int) -> Any:
-        """On ``root``: ``(plan, bodies)`` of every rank's piece; elsewhere None."""
         here = self.comm.Get_rank() == root
         heads = bytearray(len(header) * self.comm.Get_size()) if here else None
         done: list = [None]
@@ -408,11 +400,8 @@ class MPIProcessGroup(PythonProcessGroup):
 
     def scatter_pieces(
         self, headers: Optional[bytes], bodies: Optional[torch.Tensor], lengths: Sequence[int], root: int,
-        size: int, length_of: Callable[[bytes], int],
+        size: int, length_of: Callable[[bytes], Any],
     ) -> tuple[bytes, torch.Tensor]:  # fmt: skip
-        """This rank's ``size``-byte header and its body, out of root's ``headers`` and ``bodies`` (``lengths``
-        bytes per rank, back to back; read on root only); ``length_of(header)`` is ``(the body's length,
-        whether root's bodies are even)``."""
         here = self.comm.Get_rank() == root
         mine = bytearray(size)
         done: list = []
@@ -434,8 +423,6 @@ class MPIProcessGroup(PythonProcessGroup):
     def all_to_all_pieces(
         self, headers: bytes, bodies: torch.Tensor, lengths: Sequence[int], plan: Callable[[bytes], Any]
     ) -> tuple[Any, torch.Tensor]:
-        """Header ``i`` and body ``i`` (``lengths[i]`` bytes, back to back in ``bodies``) go to group rank ``i``;
-        returns ``(plan, bodies)`` of what came in."""
         heads = bytearray(len(headers))
         done: list = []
 
@@ -457,7 +444,7 @@ class MPIProcessGroup(PythonProcessGroup):
 
     # ------------------------------------------------------------ point-to-point
 
-    def send(self, tensors: list, dst: int, tag: int) -> Work:
+    def send(self, tensors: list, dst: int, tag: int) -> LaneWork:
         t = tensors[0]
         _mpi.check_cpu(t)
         c = t if t.is_contiguous() else t.contiguous()
@@ -465,11 +452,11 @@ class MPIProcessGroup(PythonProcessGroup):
         work._keep = c  # the buffer must outlive the send
         return work
 
-    def recv(self, tensors: list, src: int, tag: int) -> Work:
+    def recv(self, tensors: list, src: int, tag: int) -> LaneWork:
         request = self.comm.Irecv(_mpi.raw(_recv_buffer(tensors[0])), src, tag)
         return request_work(tensors, request, self._backend, "recv", tensors)
 
-    def recv_anysource(self, tensors: list, tag: int) -> Work:
+    def recv_anysource(self, tensors: list, tag: int) -> LaneWork:
         status = _mpi.MPI.Status()  # filled when the request completes; names the sender
         request = StatusRequest(self.comm.Irecv(_mpi.raw(_recv_buffer(tensors[0])), _mpi.MPI.ANY_SOURCE, tag), status)
         return request_work(tensors, request, self._backend, "recvAnySource", tensors, source=status.Get_source)

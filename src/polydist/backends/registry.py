@@ -1,0 +1,200 @@
+"""The backend registry: what each backend is, declared once; core modules ask here and never compare names.
+
+A backend is its folder (``backends/<name>/``, for those polydist provides)
+plus one :class:`Backend` entry, declared with :func:`declare`: torch's own
+backends below, polydist's in their folders (:mod:`~polydist.backends.mpi4py`
+declares ``mpi4py`` and torch's ``mpi``, :mod:`~polydist.backends.horovod`
+``horovod``). Any other backend registered with
+``torch.distributed.Backend.register_backend`` gets the default entry
+(:func:`get`): a CPU backend with torch.distributed's semantics and nothing
+second-guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import ops
+
+__all__ = [
+    "Backend", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
+    "register_all",
+]
+
+
+def _always() -> bool:
+    return True
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass(frozen=True, eq=False)  # an entry is itself: compared and hashed by identity
+class Backend:
+    """One backend's traits (defaults: what torch.distributed promises of any backend).
+
+    Attributes:
+        name: the name ``torch.distributed.get_backend`` gives its groups.
+        builtin: one of torch's own backends (listed first by :func:`available_names`, in declaration order).
+        available: whether it is usable in this process (listed by ``polydist.available_backends()``).
+        device: the device type its byte buffers live on; ``"cuda"``: the current CUDA device (:meth:`comm_device`).
+        default_for: the device type it is the default backend for, when that device is visible (:func:`default_name`).
+        reduce_keeps_input: ``reduce`` leaves the non-destination ranks' inputs untouched (gloo writes
+            partial results into them; unknown backends are assumed to, to be safe).
+        native_avg: it has a ``ReduceOp.AVG`` that matches SUM-then-divide.
+        no_subgroups: None when it makes groups of fewer ranks than the world; else the error for
+            such a group of the given global ranks.
+        point_to_point: it has send/recv.
+        init_url: the init method by which its ranks meet (``"mpi://"``), when not torch's (env://, tcp://).
+        hosts_rendezvous: ``(info)``, whether every backend's ranks meet by its ``init_url`` in this
+            job (an MPI job without ``MASTER_ADDR``: over ``mpi://``).
+        ranks_from_backend: ``init_process_group`` takes rank and world size from the backend itself.
+        resolve: the backend actually created for the name asked for (torch's ``mpi`` on stock wheels:
+            ``mpi4py``); raises ``ValueError`` where it cannot be (not installed).
+        check_join: ``(info, name asked for)``, raises before the group is made in a world it cannot join.
+        after_join: called once a default group exists that met by its ``init_url`` or took its ranks from
+            it (MPI: abort the job on an uncaught exception, as MPI collectives have no timeout).
+        offers_host_address: its ranks offer the others the address their host name resolves to (gloo).
+        model_name: ``polydist.model_name()`` on it, as ``ignite.distributed`` names it.
+        training: where it has its own model/optimizer wrappers (Horovod), returns the module offering
+            ``broadcast_parameters`` and ``DistributedOptimizer``.
+        reductions: what it reduces (op x dtype), checked before any communication; None: not second-guessed.
+        launch_advice: ``(info, launcher in words)``, what to do when its group is not the world a
+            launcher announced, or None when it has nothing special to say.
+        register: registers it with torch.distributed (backend name, init method) where it can run;
+            False where it cannot (not installed). Called when polydist is imported (:func:`register_all`).
+    """
+
+    name: str
+    builtin: bool = False
+    available: Callable[[], bool] = _always
+    device: str = "cpu"
+    default_for: Optional[str] = None
+    reduce_keeps_input: bool = False
+    native_avg: bool = False
+    no_subgroups: Optional[Callable[[list], Exception]] = None
+    point_to_point: bool = True
+    init_url: Optional[str] = None
+    hosts_rendezvous: Optional[Callable[[Any], bool]] = None
+    ranks_from_backend: bool = False
+    resolve: Optional[Callable[[str], str]] = None
+    check_join: Optional[Callable[[Any, str], None]] = None
+    after_join: Optional[Callable[[], None]] = None
+    offers_host_address: bool = False
+    model_name: str = "native-dist"
+    training: Optional[Callable[[], Any]] = None
+    reductions: Optional[ops.Reductions] = None
+    launch_advice: Optional[Callable[[Any, str], Optional[str]]] = None
+    register: Callable[[], bool] = _always
+
+    def comm_device(self) -> torch.device:
+        """Where a group of this backend communicates: ``cuda:<current device>`` for CUDA backends, else the type."""
+        if self.device == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device(self.device)
+
+    def device_visible(self) -> bool:
+        """Whether this process sees a device of :attr:`device`'s type."""
+        return self.device == "cpu" or (self.device == "cuda" and torch.cuda.is_available())
+
+
+_ENTRIES: dict[str, Backend] = {}
+
+
+def declare(entry: Backend) -> Backend:
+    """Declare (or replace) the entry of ``entry.name``; its reduction table goes to :func:`polydist.ops.declare`."""
+    _ENTRIES[entry.name] = entry
+    if entry.reductions is not None:
+        ops.declare(entry.reductions)
+    return entry
+
+
+def get(name: Optional[str]) -> Backend:
+    """The entry of backend ``name`` (as a group reports it); the default entry for a backend declared nowhere."""
+    entry = _ENTRIES.get(str(name))
+    return entry if entry is not None else Backend(str(name))
+
+
+def names() -> tuple[str, ...]:
+    """Every declared backend, in declaration order."""
+    return tuple(_ENTRIES)
+
+
+def by_init_url(url: Optional[str]) -> Optional[Backend]:
+    """The backend whose ranks meet by init method ``url``, if one declared it."""
+    return next((e for e in _ENTRIES.values() if url is not None and e.init_url == url), None)
+
+
+def register_all() -> None:
+    """Register every declared backend that torch does not know by itself (:attr:`Backend.register`)."""
+    for entry in tuple(_ENTRIES.values()):
+        entry.register()
+
+
+def rendezvous_for(entry: Backend, info: Any) -> Optional[Backend]:
+    """The backend whose ``init_url`` the ranks of ``entry`` meet by, launched as ``info`` says; None: torch's way.
+
+    A backend hosting this job's rendezvous first (MPI's, in an MPI job), else ``entry``'s own.
+    """
+    host = next((e for e in _ENTRIES.values() if e.hosts_rendezvous is not None and e.hosts_rendezvous(info)), None)
+    return host if host is not None else (entry if entry.init_url is not None else None)
+
+
+def default_name() -> str:
+    """The backend :func:`polydist.initialize` uses when none is named: the first declared default for a visible device.
+
+    nccl where CUDA is visible and torch has it, else gloo.
+    """
+    for entry in _ENTRIES.values():
+        if entry.default_for is not None and entry.default_for != "cpu" and entry.device_visible() and entry.available():
+            return entry.name
+    return next(e.name for e in _ENTRIES.values() if e.default_for == "cpu")
+
+
+def available_names() -> tuple[str, ...]:
+    """Backends usable in this process: torch's own that are built in (nccl: with CUDA visible), then every other registered one."""
+    listed = [e.name for e in _ENTRIES.values() if e.builtin and e.available()]
+    builtin = {e.name for e in _ENTRIES.values() if e.builtin}
+    listed.extend(b for b in dist.Backend.backend_list if b not in builtin and b not in listed)
+    return tuple(listed)
+
+
+# ---------------------------------------------------------------- torch's own backends
+
+_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+_COMPLEX = {torch.complex64, torch.complex128}  # SUM/AVG only (ops.check_op_dtype), as pairs of reals
+UNSIGNED_WIDE = frozenset({torch.uint16, torch.uint32, torch.uint64})
+# The dtypes MPI reduces (backends/mpi4py/_mpi.py REDUCE_TYPES): every integer width, floats, C bool, complex.
+MPI_DTYPES = frozenset(_FLOATS | _COMPLEX | UNSIGNED_WIDE | {torch.int8, torch.uint8, torch.int16, torch.int32,
+                                                              torch.int64, torch.bool})
+
+# gloo: ProcessGroupGloo instantiates its reductions for float, double, half, bfloat16, int8, uint8,
+# int32, int64 and bool only (GENERATE_ALL_TYPES); int16 and uint16/32/64 fail inside gloo with
+# "Invalid scalar type" under every op (measured on torch 2.13: all_reduce, reduce, reduce_scatter).
+GLOO = declare(Backend(
+    "gloo", builtin=True, available=lambda: dist.is_gloo_available(), default_for="cpu", offers_host_address=True,
+    reductions=ops.Reductions(
+        "gloo", frozenset(_FLOATS | _COMPLEX | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}),
+        source="torch's ProcessGroupGloo.cpp (GENERATE_ALL_TYPES); measured on torch 2.13",
+    ),
+))
+# nccl: torch's ncclDataType map (int8, uint8, int32, int64, float16/32/64, bfloat16, bool as uint8, the
+# float8 types) and NCCL's ops (sum, prod, max, min, avg: no bitwise ops, torch refuses BAND/BOR/BXOR).
+_FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
+_NCCL_DTYPES = frozenset(_FLOATS | _COMPLEX | _FLOAT8 | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool})
+NCCL = declare(Backend(
+    "nccl", builtin=True, available=lambda: dist.is_nccl_available() and torch.cuda.is_available(), device="cuda",
+    default_for="cuda", reduce_keeps_input=True, native_avg=True,
+    reductions=ops.Reductions(
+        "nccl", _NCCL_DTYPES, refused={op: _NCCL_DTYPES for op in ("AND", "OR", "XOR")},
+        source="torch's ProcessGroupNCCL (ncclDataType, ncclOp); NCCL's docs (ncclDataType_t, ncclRedOp_t)",
+    ),
+))
+# torch's other built-in names: never listed as available here (ucc, xccl: not in the wheels polydist supports).
+for _name in ("ucc", "xccl", "undefined", "fake"):
+    declare(Backend(_name, builtin=True, available=_never))

@@ -1,0 +1,90 @@
+"""The backend registry (``backends/registry.py``): core modules take a backend's traits from its entry, never its name.
+
+A backend declared here (as the XLA backend will be) changes what the core
+does without any edit to it; a backend declared nowhere gets torch.distributed's
+defaults. No process group is made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import polydist
+from polydist import join, ops
+from polydist.backends import registry
+from polydist.collectives import reduce
+from polydist.environment import ProcessInfo
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def declared():
+    """Declare entries for the test; the registry and the reduction tables are restored afterwards."""
+    entries, tables, suspect = dict(registry._ENTRIES), dict(ops._BY_BACKEND), set(ops.SUSPECT)
+    yield registry.declare
+    registry._ENTRIES.clear()
+    registry._ENTRIES.update(entries)
+    ops._BY_BACKEND.clear()
+    ops._BY_BACKEND.update(tables)
+    ops._BACKEND_OK.clear()
+    ops.SUSPECT.clear()
+    ops.SUSPECT.update(suspect)
+
+
+def test_a_backend_declared_nowhere_has_torch_distributed_defaults():
+    entry = registry.get("some-registered-backend")
+    assert entry.name == "some-registered-backend"
+    assert join.comm_device(entry.name) == torch.device("cpu")
+    assert join.model_name_of(entry.name) == "native-dist"
+    assert not entry.reduce_keeps_input and not entry.native_avg  # reduce copies non-root inputs; AVG divides
+    assert entry.no_subgroups is None and entry.reductions is None
+    ops.check_backend(entry.name, "MAX", torch.uint64)  # nothing second-guessed
+
+
+def test_the_entries_keep_what_the_core_used_to_know_by_name():
+    gloo, nccl = registry.get("gloo"), registry.get("nccl")
+    assert not gloo.reduce_keeps_input and not gloo.native_avg and gloo.offers_host_address
+    assert nccl.reduce_keeps_input and nccl.native_avg and nccl.device == "cuda" and nccl.default_for == "cuda"
+    assert registry.get("mpi").reduce_keeps_input and registry.get("mpi").ranks_from_backend
+    mpi4py = registry.get("mpi4py")
+    assert mpi4py.native_avg and mpi4py.init_url == "mpi://" and registry.by_init_url("mpi://") is mpi4py
+    horovod = registry.get("horovod")
+    assert horovod.model_name == "horovod-dist" and horovod.init_url == "horovod://"
+    assert isinstance(horovod.no_subgroups([0]), NotImplementedError)
+    with pytest.raises(TypeError, match="gloo backend cannot reduce dtype torch.uint16"):
+        ops.check_backend("gloo", "SUM", torch.uint16)
+    assert join.available_backends() == polydist.available_backends()
+    assert all(registry.get(name).available() for name in join.available_backends() if name in registry.names())
+
+
+def test_a_declared_entry_drives_the_core_without_an_edit_to_it(declared):
+    table = ops.Reductions("pdtest", frozenset({torch.float32}), source="this test")
+    entry = declared(registry.Backend("pdtest", native_avg=True, reduce_keeps_input=True, model_name="pdtest-dist",
+                                      reductions=table, no_subgroups=lambda ranks: NotImplementedError(str(ranks))))
+    assert join.model_name_of("pdtest") == "pdtest-dist"
+    res = SimpleNamespace(backend="pdtest", size=2)
+    assert reduce._op("AVG", res) == (dist.ReduceOp.AVG, False)  # native: no division afterwards
+    assert reduce._op("AVG", SimpleNamespace(backend="gloo", size=2)) == (dist.ReduceOp.SUM, True)
+    assert ("SUM", torch.int64) in ops.SUSPECT  # its table is checked before anything is sent
+    with pytest.raises(TypeError, match="pdtest backend cannot reduce dtype torch.int64"):
+        ops.check_backend("pdtest", "SUM", torch.int64)
+    assert registry.get("pdtest") is entry and "pdtest" in registry.names()
+
+
+def test_resolve_and_the_rendezvous_come_from_the_entry(declared):
+    declared(registry.Backend("pdalias", resolve=lambda name: "gloo"))
+    assert join.resolve_backend("PDALIAS") == "gloo"
+    with pytest.raises(ValueError, match="Unknown backend 'pdnowhere'"):
+        join.resolve_backend("pdnowhere")
+    own = declared(registry.Backend("pdown", init_url="pdown://"))
+    info = ProcessInfo(launcher="serial", rank=0, world_size=1)
+    assert registry.rendezvous_for(own, info) is own and registry.rendezvous_for(registry.get("gloo"), info) is None
+    hosted = dataclasses.replace(own, name="pdhost", init_url="pdhost://", hosts_rendezvous=lambda info: True)
+    declared(hosted)
+    assert registry.rendezvous_for(registry.get("gloo"), info) is hosted  # the job's rendezvous comes first
