@@ -76,8 +76,6 @@ class World:
 
     __slots__ = ("pg", "rank", "size", "owns_group", "layout", "layout_known", "timeout", "world_group", "groups", "resolved", "warned", "_scratch")
 
-    SCRATCH_LIMIT = SCRATCH_LIMIT
-
     def __init__(
         self,
         pg: "dist.ProcessGroup",
@@ -103,7 +101,7 @@ class World:
         Fresh memory costs a page fault per 4 KiB on first touch (about as
         much as copying it), so a buffer that does not outlive its call (send
         slots, a receive buffer the result is copied out of) is kept: the
-        largest seen per name and device, up to :attr:`SCRATCH_LIMIT` bytes
+        largest seen per name and device, up to :data:`SCRATCH_LIMIT` bytes
         (64 MiB); a larger one is allocated for the call only. Synchronous use
         only: the next call under ``name`` overwrites it; freed with the world.
         """

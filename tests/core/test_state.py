@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from polydist._hosts import HOST_BYTES, host_names, host_row
+from polydist import _state
 from polydist._state import Layout, World
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,7 +36,7 @@ def test_scratch_is_reused_per_name_and_grows_to_the_largest_size():
 
 
 def test_scratch_above_the_limit_is_not_kept(monkeypatch):
-    monkeypatch.setattr(World, "SCRATCH_LIMIT", 64)
+    monkeypatch.setattr(_state, "SCRATCH_LIMIT", 64)
     w, cpu = _world(), torch.device("cpu")
     small = w.scratch("x", 64, cpu)
     big = w.scratch("x", 65, cpu)
