@@ -20,6 +20,7 @@ where it waits. Handlers are only installed where the program has none
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
@@ -268,6 +269,8 @@ def install_signal_handlers() -> None:
     for s in _mine:
         signal.signal(s, _on_signal)
     _start_watcher()
+    if _exit_notices_expected():  # any program under polydist's mpiexec, not only polydist run's worker entry
+        atexit.register(ignore_exit_notices)
 
 
 _watching = False  # the watcher thread writes the dumps; the Python-level handler only when it could not start
@@ -336,12 +339,22 @@ def _hydra_notice() -> bool:
     return any(name.endswith(".done") for name in os.listdir(folder))
 
 
+def _exit_notices_expected() -> bool:
+    """Whether this process runs under MPICH's Hydra started by :mod:`polydist.launch.mpiexec`, which signals exits."""
+    folder = settings.FAILURE_DIR.read()
+    return bool(folder) and os.path.exists(os.path.join(folder, EXIT_NOTICES))
+
+
 def ignore_exit_notices() -> None:
     """Ignore SIGUSR1 from now on, when this rank is finishing (under ``polydist run --backend mpi``).
 
     Hydra's exit notices (see :func:`_hydra_notice`) may reach a rank during
     interpreter shutdown, when Python has put back the default action of
-    SIGUSR1: ending the process, with a failed exit status.
+    SIGUSR1: ending the process, with a failed exit status. Called by the
+    worker entry as the script ends, and at exit (``atexit``) by every
+    process that installed the handlers under such a Hydra (``polydist
+    bench``'s MPI ranks, for one: a rank that left first made the other die
+    of a SIGUSR1 now and then).
     """
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGUSR1) in (_on_signal, signal.SIG_DFL):
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
