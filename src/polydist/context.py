@@ -143,16 +143,23 @@ def _init(group_kwargs: dict, info: ProcessInfo, announced: Optional[ProcessInfo
     global _world
     timeout = join.create(group_kwargs, info)
     if announced is not None:
-        try:
-            check_group(announced, str(dist.get_backend()), dist.get_rank(), dist.get_world_size())
-        except WorldMismatchError:
-            dist.destroy_process_group()  # not the job's world: leave no group behind
-            raise
+        _check_announced(announced, _torch.default_pg(), owned=True)
     layout = join.layout_from_env(info) or join.layout_from_hostnames()
     _world = World(_torch.default_pg(), owns_group=True, layout=layout, timeout=timeout)
     _world_made()
     for hook in on_initialized:  # every rank is here, so a hook may communicate
         hook()
+
+
+def _check_announced(info: ProcessInfo, pg: "dist.ProcessGroup", owned: bool) -> None:
+    """Raise :class:`~polydist.errors.WorldMismatchError` if ``pg`` is not the world ``info`` announced;
+    a group polydist made (``owned``) is destroyed first, so none is left behind."""
+    try:
+        check_group(info, str(dist.get_backend(pg)), pg.rank(), pg.size())
+    except WorldMismatchError:
+        if owned:
+            dist.destroy_process_group()
+        raise
 
 
 # Hooks of the modules that build on this one (which therefore cannot be imported
@@ -231,12 +238,7 @@ def world() -> Optional[World]:
             return None
         pg, owns = _torch.default_pg(), True
     info = join.launcher()
-    try:
-        check_group(info, str(dist.get_backend(pg)), pg.rank(), pg.size())  # a group is adopted only if it is the job's
-    except WorldMismatchError:
-        if owns:
-            dist.destroy_process_group()  # the horovod group made just now
-        raise
+    _check_announced(info, pg, owned=owns)  # a group is adopted only if it is the job's
     env = join.layout_from_env(info)
     _world = World(pg, owns_group=owns, layout=env or join.single_node_guess(), timeout=None, layout_known=env is not None)
     _world_made()
