@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test fuzz setup docs docs-setup horovod test-horovod mpi-runtimes test-openmpi test-impi engines test-engines test-heavy clean
+.PHONY: demo test fuzz setup docs docs-setup horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,29 @@ horovod: $(STAMP)
 # make test skips them.
 test-horovod: horovod
 	POLYDIST_TEST_BACKENDS=horovod $(BIN)/python -m pytest -p no:cacheprovider -k horovod tests
+
+# The xla-tpu backend (issue 30) in a venv of its own, $(VENV)-xla: torch_xla's last release, 2.9.0, pins torch 2.9.0,
+# whose PyPI wheel pulls ~4 GB of CUDA packages (a 7 GB venv, ~100 s to install with pip's cache warm); the main venv
+# keeps torch 2.13.0. Made once (the stamp), like Horovod's wheel; a second make test-xla only runs the tests.
+XLA_VENV  := $(VENV)-xla
+XLA_STAMP := $(XLA_VENV)/.polydist-installed
+
+xla: $(XLA_STAMP)
+
+$(XLA_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(XLA_VENV)
+	$(XLA_VENV)/bin/python -m pip install --quiet torch==2.9.0 torch-xla==2.9.0
+	$(XLA_VENV)/bin/python -m pip install --quiet torch==2.9.0 torch-xla==2.9.0 -e . pytest pytest-timeout hypothesis \
+		pytest-xdist pytorch-ignite==0.5.5 joblib mpi4py mpich
+	touch $(XLA_STAMP)
+
+# With PJRT_DEVICE=CPU (world size 1; PJRT's CPU client cannot run several processes): polydist's unit tests, the
+# world-size-1 tests (tests/core, tests/backends/test_xla.py), then ignite's own XLA tests (marker tpu) on polydist,
+# and the side-by-side count of those tests on ignite itself and on polydist (about 3 minutes in all).
+test-xla: $(XLA_STAMP)
+	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/core tests/backends/test_xla.py
+	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/third_party/test_ignite_suite.py -k xla
+	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python tests/third_party/test_ignite_suite.py xla
 
 # DeepSpeed and Ray Train (the engines extra; about 15 s and 20 s to install with the pip cache warm, torch kept
 # at 2.13.0) and their jobs on polydist (tests/third_party/test_engines.py, about 2 minutes on 2 cores: each job
@@ -93,4 +116,4 @@ docs: $(DOCS_STAMP)
 	$(BIN)/python -m pytest tests/docs -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache site
+	rm -rf $(VENV) $(VENV)-xla build src/*.egg-info .pytest_cache site

@@ -7,6 +7,7 @@ runs unchanged). README.md describes the API and its semantics.
 from . import _wiring
 from .backends import horovod as _horovod_backend  # noqa: F401 - a backend folder declares its registry entry
 from .backends import mpi4py as _mpi4py_backend  # noqa: F401
+from .backends import xla as _xla_backend  # noqa: F401
 from .backends import registry as _registry
 from .collectives.broadcast import barrier, broadcast
 from .collectives.gather import all_gather, all_gather_tensors_with_shapes, gather

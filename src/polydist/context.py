@@ -24,6 +24,7 @@ from . import _at_exit, _torch, join
 from ._state import Layout, World
 from .announced import check_group
 from .environment import ProcessInfo, detect
+from .backends import registry
 from .backends.horovod import job as horovod_job
 from .errors import NotInitializedError, WorldMismatchError
 from .join import available_backends, comm_device
@@ -125,7 +126,7 @@ def initialize(
     state = world()
     if state is not None:
         current = dist.get_backend(state.pg)
-        if backend is not None and backend.lower() != str(current).lower():
+        if backend is not None and join.other_name_of(backend) != str(current).lower():
             raise ValueError(f"a process group with backend {current!r} already exists; cannot initialize {backend!r}")
         if not state.layout_known:  # adopted: learn the layout here, where every rank calls
             state.layout, state.layout_known = join.layout_from_env(join.launcher()) or join.layout_from_hostnames(), True
@@ -216,10 +217,11 @@ def world() -> Optional[World]:
     default group (the user's own ``init_process_group``, or a destroy and
     re-init behind polydist's back) gets a fresh state; its layout is guessed
     without communicating, since adoption may happen on one rank only. With
-    no group but a Horovod the program started (``hvd.init()``), a horovod
-    group is made, without communicating either
-    (:func:`polydist.backends.horovod.job.adopt`); ``finalize`` destroys it
-    and leaves Horovod running.
+    no group but a runtime the program started itself — Horovod
+    (``hvd.init()``), or torch_xla with its device in use, which idist
+    treats as an xla-tpu world — its backend's group is made, without
+    communicating either (:func:`polydist.backends.registry.adopt_any`);
+    ``finalize`` destroys it and leaves the runtime running.
 
     Raises:
         WorldMismatchError: the group is not the world a launcher announced
@@ -234,7 +236,7 @@ def world() -> Optional[World]:
     owns = False
     if pg is None:
         _world = None  # the group was destroyed behind our back
-        if not horovod_job.adopt():  # or Horovod runs without one: make it (ignite's code calls hvd.init() itself)
+        if not registry.adopt_any():  # a runtime the program started (hvd.init(), an XLA device): make its group
             return None
         pg, owns = _torch.default_pg(), True
     info = join.launcher()
@@ -327,11 +329,10 @@ def set_local_rank(index: int) -> None:
 
 
 def model_name() -> str:
-    """``"horovod-dist"`` in a group of the horovod backend, ``"native-dist"`` in any other
-    torch.distributed process group, else ``"serial"``.
+    """``"horovod-dist"`` in a group of the horovod backend, ``"xla-dist"`` on xla-tpu, ``"native-dist"``
+    in any other torch.distributed process group, else ``"serial"``.
 
-    Source: ``ignite.distributed.model_name`` (whose other name, "xla-dist",
-    names a backend polydist does not run on).
+    Source: ``ignite.distributed.model_name``.
     """
     state = world()
     if state is None:
@@ -368,13 +369,14 @@ def backend() -> Optional[str]:
 def device() -> torch.device:
     """The device this rank computes on.
 
-    ``cuda:<local rank>`` with the nccl backend; ``cpu`` with gloo, mpi and
-    other CPU backends; when serial, ``cuda`` if a GPU is visible, else ``cpu``.
+    ``cuda:<local rank>`` with the nccl backend; ``xla:0`` (``torch_xla.device()``) with xla-tpu; ``cpu``
+    with gloo, mpi and other CPU backends; when serial, ``cuda`` if a GPU is visible, else ``cpu``.
     """
     name = backend()
     if name is None and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
-    return comm_device(name)
+    compute = registry.get(name).compute_device
+    return compute() if compute is not None else comm_device(name)
 
 
 def hostname() -> str:

@@ -15,7 +15,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from .context import device, get_nproc_per_node, get_rank, get_world_size, require_group
+from .backends import registry
+from .context import backend, device, get_nproc_per_node, get_rank, get_world_size, require_group
 
 __all__ = ["auto_dataloader", "DistributedProxySampler"]
 
@@ -148,12 +149,12 @@ def _per_rank_batch(batch_size: int, world: int) -> int:
         warnings.warn(
             f"auto_dataloader: batch_size {batch_size} is not divisible by the world size {world}: "
             f"each rank loads {per_rank} samples per batch, a global batch of {per_rank * world}",
-            stacklevel=3,
+            stacklevel=4,
         )
     return per_rank
 
 
-def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: Any) -> DataLoader:
+def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: Any) -> Any:
     """A ``torch.utils.data.DataLoader`` over ``dataset`` for this rank; ``kwargs`` are DataLoader's.
 
     Rules when the world size W > 1 (serial: W = 1 and they change nothing):
@@ -198,11 +199,14 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
 
     At any world size: ``pin_memory`` defaults to True when
     :func:`polydist.device` is CUDA and is forced to False otherwise
-    (pinning needs CUDA); ``persistent_workers`` defaults to True when there
-    are workers (no worker restart each epoch).
+    (pinning needs CUDA; on xla-tpu ``pin_memory=True`` warns, in idist's
+    words); ``persistent_workers`` defaults to True when there are workers
+    (no worker restart each epoch).
 
     Returns a DataLoader (a subclass whose ``__iter__`` advances the epoch
-    when one of the samplers above is used). Raises what DataLoader raises
+    when one of the samplers above is used); on xla-tpu at world size > 1,
+    torch_xla's ``MpDeviceLoader`` over it (batches on the XLA device; its
+    ``sampler`` is the loader's), as idist. Raises what DataLoader raises
     for bad arguments; :class:`polydist.NotInitializedError` when launched on
     several ranks without a process group.
 
@@ -212,6 +216,14 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
     (idist sets them always, which DataLoader rejects with 0).
     """
     world = get_world_size() if require_group() is not None else 1
+    entry = registry.get(backend())
+    if entry.pin_memory_refused is not None and kwargs.get("pin_memory"):
+        warnings.warn(entry.pin_memory_refused, stacklevel=2)
+    loader = _loader(dataset, seed, kwargs, world)
+    return entry.wrap_loader(loader, world) if entry.wrap_loader is not None else loader
+
+
+def _loader(dataset: Dataset, seed: Optional[int], kwargs: dict, world: int) -> DataLoader:
     rank = get_rank()
     if world > 1:
         if kwargs.get("batch_size") is not None and "batch_sampler" not in kwargs:
@@ -228,7 +240,7 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
             warnings.warn(  # ignite.distributed's wording
                 "Found batch_sampler in provided kwargs. Please, make sure that it is compatible "
                 "with distributed configuration: it is used as it is, so it must split the data across ranks",
-                stacklevel=2,
+                stacklevel=3,
             )
         return DataLoader(dataset, **kwargs)
     if isinstance(dataset, IterableDataset) or (world == 1 and seed is None):
@@ -237,11 +249,11 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
     sampler = kwargs.get("sampler")
     if isinstance(sampler, DistributedSampler):  # ignite.distributed's warnings, word for word
         if sampler.rank != rank:
-            warnings.warn(f"Found distributed sampler with rank={sampler.rank}, but process rank is {rank}", stacklevel=2)
+            warnings.warn(f"Found distributed sampler with rank={sampler.rank}, but process rank is {rank}", stacklevel=3)
         if sampler.num_replicas != world:
             warnings.warn(
                 f"Found distributed sampler with num_replicas={sampler.num_replicas}, but world size is {world}",
-                stacklevel=2,
+                stacklevel=3,
             )
     if sampler is None:
         shuffle = bool(kwargs.pop("shuffle", True))

@@ -24,6 +24,7 @@ from ._hosts import HOST_BYTES, host_names, host_row
 from ._state import Layout
 from .backends import horovod as _horovod  # noqa: F401 - declares its registry entry
 from .backends import mpi4py as _mpi4py  # noqa: F401 - declares its registry entry (and torch's "mpi")
+from .backends import xla as _xla  # noqa: F401 - declares its registry entry (and idist's "xla")
 from .backends import registry
 from .environment import ProcessInfo, launcher, restart_count
 
@@ -32,6 +33,7 @@ __all__ = [
     "available_backends",
     "as_timedelta",
     "resolve_backend",
+    "other_name_of",
     "group_kwargs",
     "create",
     "launcher",
@@ -77,6 +79,15 @@ def resolve_backend(name: Optional[str]) -> str:
     if not entry.device_visible():
         raise ValueError(f"backend {lowered!r} needs {entry.device.upper()} devices, and none is visible to this process")
     return resolved
+
+
+def other_name_of(name: str) -> str:
+    """The backend a group asked for as ``name`` has, as far as its entry says without raising (idist's "xla": "xla-tpu")."""
+    entry = registry.get(name.lower())
+    try:
+        return entry.resolve(name) if entry.resolve is not None else name.lower()
+    except ValueError:  # not installed: no group of it can exist
+        return name.lower()
 
 
 def layout_from_env(info: ProcessInfo) -> Optional[Layout]:

@@ -8,7 +8,9 @@ and why. Every backend polydist runs on is a torch.distributed backend, so the
 distributed path is torch's ``DistributedDataParallel`` and
 ``DistributedSampler``, except on the horovod backend, where ``auto_model``
 and ``auto_optim`` do what idist does there: broadcast the parameters and
-wrap the optimizer in ``hvd.DistributedOptimizer`` (no XLA variant).
+wrap the optimizer in ``hvd.DistributedOptimizer``, and on xla-tpu, where
+they move the model to the XLA device and step the optimizer through
+``xm.optimizer_step`` (the backend's registry entry offers the wrappers).
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
       and the model is returned unwrapped; the optimizer from
       :func:`auto_optim` (``hvd.DistributedOptimizer``) averages the
       gradients. ``sync_bn`` and ``ddp_kwargs`` are ignored there.
+    * On the xla-tpu backend, as idist does there: the model is moved to
+      the XLA device and never wrapped; at world size > 1 rank 0's
+      parameters and buffers are broadcast (``xm.collective_broadcast``,
+      torch_xla's ``broadcast_master_param``, which idist omits) and the
+      optimizer from :func:`auto_optim` averages the gradients.
 
     Source: idist ``auto_model``. Differences: no ``DataParallel`` when serial
     with several GPUs (PyTorch recommends DDP over it, and it would change
@@ -117,7 +124,7 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
         return model
     if use_fsdp:
         return model if fsdp.is_sharded(model) else fsdp.shard(model, dev, ddp_kwargs)
-    own = _own_training()
+    own = _own_training(True)
     if own is not None:
         own.broadcast_parameters(model.state_dict(), root_rank=0)
         return model
@@ -136,10 +143,15 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
     return DistributedDataParallel(model, **ddp_kwargs)
 
 
-def _own_training() -> Any:
-    """The module of the backend's own training wrappers (Horovod's ``horovod.torch``), or None: DDP's way."""
-    training = registry.get(backend()).training
-    return None if training is None else training()
+def _own_training(distributed: bool) -> Any:
+    """The module of the backend's own training wrappers (Horovod's ``horovod.torch``, XLA's), or None: DDP's way.
+
+    Only in a distributed world, unless the backend's wrappers apply at every size (XLA's optimizer step).
+    """
+    entry = registry.get(backend())
+    if entry.training is None or not (distributed or entry.training_at_every_size):
+        return None
+    return entry.training()
 
 
 def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **kwargs: Any) -> torch.optim.Optimizer:
@@ -163,6 +175,14 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
     ``step()`` averages the gradients over Horovod. Elsewhere ``kwargs`` have
     no meaning and are ignored with a ``UserWarning`` naming them.
 
+    On the xla-tpu backend (every world size, as idist) the returned
+    optimizer is an instance of a subclass of the optimizer's class sharing
+    its attributes (parameter groups, state), whose ``step()`` is
+    ``xm.optimizer_step`` (gradients all-reduced and averaged over the
+    replicas, then the step); ``.wrapped_optimizer`` is the original, and
+    ``kwargs`` go to ``xm.optimizer_step``. idist's wrapper raises
+    ``TypeError: super(type, obj)`` on ignite 0.5.4 and later.
+
     Raises ``TypeError`` when ``optimizer`` is not a ``torch.optim.Optimizer``,
     or (on every rank) when its state holds a value polydist's safe codec
     cannot send; pass ``sync_state=False`` to skip the broadcast.
@@ -175,10 +195,10 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"auto_optim expects a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    own = _own_training() if _distributed() else None
+    own = _own_training(_distributed())
     if kwargs and own is None:
         warnings.warn(
-            f"auto_optim ignores {sorted(kwargs)}: they are Horovod DistributedOptimizer options in idist; "
+            f"auto_optim ignores {sorted(kwargs)}: they are Horovod DistributedOptimizer (or xm.optimizer_step) options in idist; "
             "with torch.distributed backends DDP averages the gradients",
             stacklevel=2,
         )
@@ -188,8 +208,10 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
         if rank != 0:
             optimizer.load_state_dict(state)
     if own is not None:
-        # Horovod's wrapper is a new optimizer over the same parameter groups, with empty state: it takes the state over.
+        # Horovod's wrapper is a new optimizer over the same parameter groups, with empty state: it takes the state
+        # over. XLA's shares the optimizer's attributes, state included.
         wrapped = own.DistributedOptimizer(optimizer, **kwargs)
-        wrapped.load_state_dict(optimizer.state_dict())
+        if wrapped.state is not optimizer.state:
+            wrapped.load_state_dict(optimizer.state_dict())
         return wrapped
     return optimizer

@@ -8,7 +8,8 @@ import operator
 import pytest
 import torch
 
-from polydist.backends.horovod.process_group import _reduce_plan, _reduce_rows
+from polydist.backends.horovod.process_group import _reduce_plan
+from polydist.backends.tensors import reduce_rows as _reduce_rows
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64]  # fmt: skip

@@ -41,8 +41,10 @@ class DirectProcessGroup(dist.ProcessGroup):
         raise NotImplementedError
 
     def gather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any], root: int) -> Any:
-        """On ``root``: ``(plan, bodies)`` of every rank's piece; elsewhere None."""
-        raise NotImplementedError
+        """On ``root``: ``(plan, bodies)`` of every rank's piece; elsewhere None. By default an all-gather kept on
+        ``root`` (every rank plans alike, so that all of them take the second step or none does)."""
+        p, out = self.allgather_pieces(header, body, plan)
+        return (p, out) if self.rank() == root else None
 
     def scatter_pieces(
         self, headers: Optional[bytes], bodies: Optional[torch.Tensor], lengths: Sequence[int], root: int,

@@ -15,7 +15,7 @@ import torch
 from .direct import DirectProcessGroup
 from .work import Lane, LaneWork
 
-__all__ = ["PythonProcessGroup", "opt"]
+__all__ = ["PythonProcessGroup", "NoPointToPoint", "opt"]
 
 
 def opt(opts: Any, name: str, default: Any) -> Any:
@@ -102,3 +102,23 @@ class PythonProcessGroup(DirectProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         raise NotImplementedError
+
+
+class NoPointToPoint:
+    """send/recv of a Python group whose transport has none (horovod, xla-tpu): ``NotImplementedError`` naming
+    ``_backend``, and ``no_p2p_reason``: why, and what to use instead, raised before anything is sent."""
+
+    _backend: str
+    no_p2p_reason = ""
+
+    def _no_p2p(self, op: str) -> LaneWork:
+        raise NotImplementedError(f"{op}: the {self._backend} backend has no point-to-point operations {self.no_p2p_reason}")
+
+    def send(self, tensors: list, dst: int, tag: int) -> LaneWork:
+        return self._no_p2p("send")
+
+    def recv(self, tensors: list, src: int, tag: int) -> LaneWork:
+        return self._no_p2p("recv")
+
+    def recv_anysource(self, tensors: list, tag: int) -> LaneWork:
+        return self._no_p2p("recv")

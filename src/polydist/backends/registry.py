@@ -4,7 +4,7 @@ A backend is its folder (``backends/<name>/``, for those polydist provides)
 plus one :class:`Backend` entry, declared with :func:`declare`: torch's own
 backends below, polydist's in their folders (:mod:`~polydist.backends.mpi4py`
 declares ``mpi4py`` and torch's ``mpi``, :mod:`~polydist.backends.horovod`
-``horovod``). Any other backend registered with
+``horovod``, :mod:`~polydist.backends.xla` ``xla-tpu``). Any other backend registered with
 ``torch.distributed.Backend.register_backend`` gets the default entry
 (:func:`get`): a CPU backend with torch.distributed's semantics and nothing
 second-guessed.
@@ -22,7 +22,7 @@ from .. import ops
 
 __all__ = [
     "Backend", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
-    "register_all",
+    "register_all", "adopt_any", "registrar",
 ]
 
 
@@ -68,6 +68,20 @@ class Backend:
             launcher announced, or None when it has nothing special to say.
         register: registers it with torch.distributed (backend name, init method) where it can run;
             False where it cannot (not installed). Called when polydist is imported (:func:`register_all`).
+        compute_device: the device :func:`polydist.device` gives on it, where that is not :meth:`comm_device`
+            (XLA: ``torch_xla.device()``, its byte buffers staying on the CPU); None: :meth:`comm_device`.
+        start_processes: ``(work, nproc_per_node, nnodes)``, how :func:`polydist.spawn` starts this backend's
+            processes when the backend's own launcher must (torch_xla's ``xmp.spawn``): runs the picklable
+            ``work()`` in each and returns this node's results by local rank; None: PyTorch's elastic agent.
+        training_at_every_size: its :attr:`training` optimizer wrapper applies at world size 1 too (XLA:
+            the step goes through ``xm.optimizer_step``, as idist wraps it at every size).
+        pin_memory_refused: the warning ``auto_dataloader(pin_memory=True)`` gives before loading unpinned
+            (XLA: idist's words); None: pinning follows the device.
+        wrap_loader: ``(loader, world size)``, the loader ``auto_dataloader`` returns in its place (XLA:
+            ``MpDeviceLoader`` at world size > 1).
+        adopt: when no process group exists, makes the default group over a runtime the program started
+            itself (``hvd.init()``; an XLA device in use), without communicating, and returns True; False
+            when there is none (:func:`adopt_any`).
     """
 
     name: str
@@ -91,6 +105,12 @@ class Backend:
     reductions: Optional[ops.Reductions] = None
     launch_advice: Optional[Callable[[Any, str], Optional[str]]] = None
     register: Callable[[], bool] = _always
+    compute_device: Optional[Callable[[], torch.device]] = None
+    start_processes: Optional[Callable[[Callable[[], Any], int, int], list]] = None
+    training_at_every_size: bool = False
+    pin_memory_refused: Optional[str] = None
+    wrap_loader: Optional[Callable[[Any, int], Any]] = None
+    adopt: Optional[Callable[[], bool]] = None
 
     def comm_device(self) -> torch.device:
         """Where a group of this backend communicates: ``cuda:<current device>`` for CUDA backends, else the type."""
@@ -134,6 +154,32 @@ def register_all() -> None:
     """Register every declared backend that torch does not know by itself (:attr:`Backend.register`)."""
     for entry in tuple(_ENTRIES.values()):
         entry.register()
+
+
+def adopt_any() -> bool:
+    """With no process group: the first backend whose runtime the program started makes one (:attr:`Backend.adopt`)."""
+    return any(e.adopt() for e in tuple(_ENTRIES.values()) if e.adopt is not None)
+
+
+def registrar(name: str, available: Callable[[], bool], create: Callable, scheme: str, rendezvous: Callable,
+              devices: tuple = ("cpu",)) -> Callable[[], bool]:
+    """A :attr:`Backend.register` for a backend written in Python: once ``available()``, registers backend ``name``
+    (its creator ``create``, torch's extended API) and init method ``scheme://`` (``rendezvous``) with
+    torch.distributed, on the first call; returns whether it is registered."""
+    done: list = []
+
+    def register() -> bool:
+        if done:
+            return True
+        if not available() or not dist.is_available():
+            return False
+        if name not in dist.Backend.backend_list:
+            dist.Backend.register_backend(name, create, extended_api=True, devices=list(devices))
+        dist.register_rendezvous_handler(scheme, rendezvous)
+        done.append(True)
+        return True
+
+    return register
 
 
 def rendezvous_for(entry: Backend, info: Any) -> Optional[Backend]:

@@ -1,12 +1,13 @@
-"""Tensor plumbing shared by polydist's Python process groups (mpi4py, horovod): flat buffers in, outputs out."""
+"""Tensor plumbing shared by polydist's Python process groups (mpi4py, horovod, xla): flat buffers in, outputs out."""
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
 
-__all__ = ["unflatten", "byte_counts", "overlaps", "apart", "own_slot"]
+__all__ = ["unflatten", "byte_counts", "overlaps", "apart", "own_slot", "reduce_rows", "check_outputs"]
 
 
 def unflatten(flat: torch.Tensor, outs: list, by_bytes: bool = False) -> None:
@@ -66,3 +67,32 @@ def own_slot(inp: torch.Tensor, out: torch.Tensor, rank: int) -> bool:
         inp.numel() > 0 and inp.is_contiguous() and out.is_contiguous()
         and inp.data_ptr() == out.data_ptr() + rank * inp.nbytes
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------- reductions done locally, outputs checked
+
+_BITWISE = {"AND": torch.bitwise_and, "OR": torch.bitwise_or, "XOR": torch.bitwise_xor}
+
+
+def reduce_rows(rows: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """Reduce ``rows`` (``[world size, n]``, rank order) along dim 0, as the backends define ``name`` on ``dtype``:
+    what a Python group does with every rank's data gathered where its transport cannot reduce it."""
+    if name == "SUM":
+        return rows.sum(0).to(dtype)  # wraps around in the dtype as gloo does; bool: any
+    if name == "AVG":
+        return (rows.sum(0) / rows.shape[0]).to(dtype)
+    if name == "PRODUCT":
+        return rows.prod(0).to(dtype)
+    if name == "MIN":
+        return rows.amin(0)
+    if name == "MAX":
+        return rows.amax(0)
+    return functools.reduce(_BITWISE[name], rows)  # AND/OR/XOR
+
+
+def check_outputs(what: str, outs: list, inp: torch.Tensor, size: int) -> None:
+    """``outs`` must be one tensor per rank, each holding as many bytes as ``inp`` (``ValueError`` naming them)."""
+    if len(outs) != size or any(o.nbytes != inp.nbytes for o in outs):
+        raise ValueError(
+            f"{what}: need {size} tensors (one per rank) of {inp.nbytes} bytes each, got {[o.nbytes for o in outs]}"
+        )

@@ -8,10 +8,12 @@ in each process after :func:`polydist.initialize`. Semantics of ignite's
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Callable, Optional
 
 from .. import context, join, settings
+from ..backends import registry
 from .horovod import spawn_horovod
 from .trace_dir import job_trace_dir
 from .elastic import _check_positive, check_node_rank, launch
@@ -34,6 +36,12 @@ def _spawned(
     if trace_dir:  # this process's own environment: where its flight-recorder dumps go
         os.environ[settings.TRACE_DIR.name] = trace_dir
     worker_setup()
+    return _joined(fn, args, kwargs, backend, init)
+
+
+def _joined(fn: Callable, args: tuple, kwargs: dict, backend: Optional[str], init: dict) -> Any:
+    """Join the job, call ``fn(local_rank, ...)``, leave: in a spawned process, or in one a backend's own
+    launcher started (``xmp.spawn``; with one process, this very one)."""
     context.initialize(backend, **init)
     with worker_errors():
         result = fn(context.get_local_rank(), *args, **kwargs)
@@ -100,6 +108,11 @@ def spawn(
             address/port, or "mpi" on more than one process (MPI cannot see
             the processes spawn starts) — all before any process starts.
 
+    With backend "xla-tpu" the processes are torch_xla's: ``xmp.spawn``
+    starts them (``nproc_per_node`` 1: this process; otherwise one per XLA
+    device of this host, which must be ``nproc_per_node``), and ``nnodes``
+    > 1 or ``max_restarts`` raise ``ValueError``.
+
     With backend "horovod" the processes are Horovod's: ``horovod.run``
     starts them on this host (as idist does; ``nnodes`` > 1 raises
     ``ValueError``, use ``horovodrun -H``), and a failure raises
@@ -117,6 +130,13 @@ def spawn(
                 "(horovod.run starts them); use horovodrun's elastic mode"
             )
         return spawn_horovod(fn, args, dict(kwargs_dict or {}), nproc_per_node, nnodes, init)
+    starter = registry.get(resolved).start_processes
+    if starter is not None:  # the backend's own launcher (xla-tpu: torch_xla's xmp.spawn)
+        if max_restarts:
+            raise ValueError(f"max_restarts={max_restarts!r}: spawn with backend {backend!r} cannot restart its processes "
+                             "(its own launcher starts them)")
+        work = functools.partial(_joined, fn, tuple(args), dict(kwargs_dict or {}), backend, init)
+        return starter(work, nproc_per_node, nnodes)
     if resolved in ("mpi", "mpi4py") and (nproc_per_node, nnodes) != (1, 1):  # polydist/announced.py's rule
         raise ValueError(
             f"spawn with backend {backend!r}: MPI sees only the ranks an MPI launcher starts, and spawn's "

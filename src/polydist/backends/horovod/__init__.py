@@ -58,21 +58,8 @@ def no_subgroups(ranks: list) -> NotImplementedError:
     )
 
 
-_registered = False
-
-
-def register() -> bool:
-    """Register backend ``"horovod"`` and the ``horovod://`` init method; False when Horovod is not installed."""
-    global _registered
-    if _registered:
-        return True
-    if not available() or not dist.is_available():
-        return False
-    if BACKEND_NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
-    dist.register_rendezvous_handler("horovod", job.rendezvous)
-    _registered = True
-    return True
+register = registry.registrar(BACKEND_NAME, available, _create, "horovod", job.rendezvous)
+"""Register backend ``"horovod"`` and the ``horovod://`` init method; False when Horovod is not installed."""
 
 
 def _resolve(name: str) -> str:
@@ -106,6 +93,7 @@ def _advice(info: ProcessInfo, who: str) -> Optional[str]:
 HOROVOD = registry.declare(registry.Backend(
     BACKEND_NAME, no_subgroups=no_subgroups, point_to_point=False, init_url="horovod://", resolve=_resolve,
     check_join=_check_join, model_name="horovod-dist", training=hvd, launch_advice=_advice, register=register,
+    adopt=job.adopt,
     reductions=ops.Reductions(
         BACKEND_NAME, registry.MPI_DTYPES,
         refused={"MIN": registry.UNSIGNED_WIDE, "MAX": registry.UNSIGNED_WIDE},

@@ -59,8 +59,8 @@ import torch
 import torch.distributed as dist
 
 from ...ops import check_op_dtype, resolve_op
-from ..python_group import PythonProcessGroup, opt
-from ..tensors import byte_counts, unflatten
+from ..python_group import NoPointToPoint, PythonProcessGroup, opt
+from ..tensors import byte_counts, check_outputs, reduce_rows, unflatten
 from ..work import LaneWork
 
 __all__ = ["HorovodProcessGroup", "BACKEND_NAME"]
@@ -70,7 +70,6 @@ BACKEND_NAME = "horovod"
 # What hvd.allreduce_ reduces (the C++ functions horovod.torch 0.28 registers for CPU tensors)
 _NATIVE_DTYPES = frozenset({torch.int32, torch.int64, torch.float16, torch.float32, torch.float64})
 _HVD_OPS = {"SUM": "Sum", "AVG": "Average", "MIN": "Min", "MAX": "Max", "PRODUCT": "Product"}
-_BITWISE = {"AND": torch.bitwise_and, "OR": torch.bitwise_or, "XOR": torch.bitwise_xor}
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,20 +112,7 @@ def _reduce_plan(t: torch.Tensor, op: Any) -> tuple[str, str]:
     return name, "gathered"
 
 
-def _reduce_rows(rows: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tensor:
-    """Reduce ``rows`` (``[world size, n]``, rank order) along dim 0, as the backends define ``name`` on ``dtype``."""
-    if name == "SUM":
-        return rows.sum(0).to(dtype)  # wraps around in the dtype as gloo does; bool: any
-    if name == "PRODUCT":
-        return rows.prod(0).to(dtype)
-    if name == "MIN":
-        return rows.amin(0)
-    if name == "MAX":
-        return rows.amax(0)
-    return functools.reduce(_BITWISE[name], rows)  # AND/OR/XOR
-
-
-class HorovodProcessGroup(PythonProcessGroup):
+class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
     """A ``torch.distributed`` process group over Horovod's global process set.
 
     Created by torch.distributed (``init_process_group("horovod")``, which
@@ -139,6 +125,8 @@ class HorovodProcessGroup(PythonProcessGroup):
     raised by the call before anything is sent; Horovod's errors are raised
     by ``wait()``.
     """
+
+    no_p2p_reason = "(a Horovod operation needs every rank of its process set); use the gloo or mpi backend for send/recv"
 
     def __init__(self, rank: int, size: int) -> None:
         super().__init__(rank, size, BACKEND_NAME)
@@ -168,7 +156,7 @@ class HorovodProcessGroup(PythonProcessGroup):
             return
         if how == "gathered":
             rows = self._all_gather_bytes(_bytes_of(t)).view(t.dtype)
-            t.copy_(_reduce_rows(rows, name, t.dtype).view(t.shape))
+            t.copy_(reduce_rows(rows, name, t.dtype).view(t.shape))
             return
         work = t.float() if how == "wide" else torch.view_as_real(t) if how == "real" else t
         hvd().allreduce_(work, op=getattr(hvd(), _HVD_OPS[name]), name=self._name("allreduce"))
@@ -399,10 +387,6 @@ class HorovodProcessGroup(PythonProcessGroup):
         self._lane.call(run, "all_gather", [body])
         return done[0]
 
-    def gather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any], root: int) -> Any:
-        p, out = self.allgather_pieces(header, body, plan)
-        return (p, out) if self.rank() == root else None
-
     def scatter_pieces(
         self, headers: Optional[bytes], bodies: Optional[torch.Tensor], lengths: Sequence[int], root: int,
         size: int, length_of: Callable[[bytes], Any],
@@ -438,29 +422,8 @@ class HorovodProcessGroup(PythonProcessGroup):
         self._lane.call(run, "all_to_all", [bodies])
         return done[0]
 
-    # ------------------------------------------------------------ point-to-point: not in Horovod
-
-    def _no_p2p(self, op: str) -> LaneWork:
-        raise NotImplementedError(
-            f"{op}: the {BACKEND_NAME} backend has no point-to-point operations (a Horovod operation needs every "
-            "rank of its process set); use the gloo or mpi backend for send/recv"
-        )
-
-    def send(self, tensors: list, dst: int, tag: int) -> LaneWork:
-        return self._no_p2p("send")
-
-    def recv(self, tensors: list, src: int, tag: int) -> LaneWork:
-        return self._no_p2p("recv")
-
-    def recv_anysource(self, tensors: list, tag: int) -> LaneWork:
-        return self._no_p2p("recv")
-
 
 def _check_outputs(what: str, outs: list, inp: torch.Tensor, size: int) -> None:
-    """``outs`` must be one tensor per rank, each holding as many bytes as ``inp``."""
-    if len(outs) != size or any(o.nbytes != inp.nbytes for o in outs):
-        raise ValueError(
-            f"{what}: need {size} tensors (one per rank) of {inp.nbytes} bytes each, got {[o.nbytes for o in outs]}"
-        )
+    check_outputs(what, outs, inp, size)
     for o in outs:
         _check_cpu(o)

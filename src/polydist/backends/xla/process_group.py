@@ -1,0 +1,327 @@
+"""The ``xla-tpu`` backend's ProcessGroup: torch.distributed over torch_xla's collectives.
+
+:class:`XlaProcessGroup` is a ``torch.distributed.ProcessGroup`` written in
+Python whose operations are torch_xla's (``torch_xla.core.xla_model``, 2.9):
+its ranks are the XLA runtime's (``torch_xla.runtime.global_ordinal()`` of
+``world_size()``), as ``ignite.distributed``'s ``xla-tpu`` model has them.
+Tensors may be on the XLA device or the CPU; CPU tensors are moved to the
+XLA device for the exchange and the results copied back in place.
+
+How torch.distributed's operations map onto torch_xla's:
+
+* **all_reduce**: ``xm.all_reduce`` (in place) for SUM, PRODUCT, MIN, MAX
+  and AVG (a SUM scaled by ``1 / world size``) on numeric dtypes; AND, OR,
+  XOR and bool tensors are gathered (``xm.all_gather``) and reduced in rank
+  order on every rank, exactly.
+* **reduce**: the all-reduce of a copy, kept on the root (other inputs untouched).
+* **reduce_scatter**: the all-reduce of a copy, this rank's chunk kept.
+* **broadcast**: ``xm.collective_broadcast``.
+* **all_gather**, **gather**: ``xm.all_gather`` (gather keeps it on the root).
+* **scatter**, **all_to_all**: every rank's buffer gathered, each rank
+  keeping its part (traffic grows with the world size; torch_xla's own
+  ``xm.all_to_all`` takes equal splits only).
+* **barrier**: ``xm.rendezvous``.
+* **send/recv** and **subgroups** raise ``NotImplementedError`` before
+  anything is sent: torch_xla's collectives are called by every replica.
+
+Operations run on the caller's thread when called (XLA traces them into the
+current graph); ``async_op=True`` returns a completed handle.
+World size 1 is tested (``PJRT_DEVICE=CPU``, ``make test-xla``); larger
+worlds follow torch_xla's documented API and are untested here (see the
+"Choosing a backend" guide).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ...ops import check_op_dtype, resolve_op
+from ..python_group import NoPointToPoint, PythonProcessGroup, opt
+from ..tensors import byte_counts, check_outputs as _check_outputs, reduce_rows, unflatten
+from ..work import LaneWork
+
+__all__ = ["XlaProcessGroup", "BACKEND_NAME", "xm", "xla_device"]
+
+BACKEND_NAME = "xla-tpu"  # ignite.distributed's name
+
+_XM_OPS = {"SUM": "sum", "AVG": "sum", "PRODUCT": "mul", "MIN": "min", "MAX": "max"}
+
+
+@functools.lru_cache(maxsize=None)
+def xm() -> Any:
+    """``torch_xla.core.xla_model``, imported on first use."""
+    import torch_xla.core.xla_model as module
+
+    return module
+
+
+def xla_device() -> torch.device:
+    """This process's XLA device (``torch_xla.device()``)."""
+    import torch_xla
+
+    return torch.device(torch_xla.device())
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor's memory as a flat uint8 tensor (``t`` made contiguous first)."""
+    t = t.detach().cpu().contiguous()
+    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
+    """A ``torch.distributed`` process group over every replica of the XLA runtime.
+
+    Created by torch.distributed (``init_process_group("xla-tpu", init_method="xla-tpu://")``,
+    which ``polydist.initialize("xla-tpu")`` calls), not by hand. Errors:
+    ``TypeError``/``ValueError`` for an op undefined on a dtype or mismatched
+    sizes, ``NotImplementedError`` for point-to-point, all before anything is sent.
+    """
+
+    no_p2p_reason = ("(torch_xla's collectives are called by every replica); use all_gather or broadcast, or the gloo "
+                     "backend for send/recv")
+
+    def __init__(self, rank: int, size: int) -> None:
+        super().__init__(rank, size, BACKEND_NAME)
+
+    def __repr__(self) -> str:
+        return f"<XlaProcessGroup rank={self.rank()} size={self.size()}>"
+
+    def _run(self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor]) -> LaneWork:
+        """Run ``body`` now, on the caller's thread (XLA traces into the caller's graph): a completed handle."""
+        body()
+        return LaneWork(result, backend=BACKEND_NAME)
+
+    # ------------------------------------------------------------ the two primitives everything else uses
+
+    def _rows(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's flat uint8 ``flat`` (any length, any device), in rank order, as CPU tensors."""
+        dev = xla_device()
+        sizes = xm().all_gather(torch.tensor([flat.numel()], dtype=torch.int64, device=dev)).cpu().tolist()
+        padded = torch.zeros(max(sizes), dtype=torch.uint8)
+        padded[: flat.numel()] = flat.cpu()
+        every = xm().all_gather(padded.to(dev)).cpu().reshape(len(sizes), -1)
+        return [every[r, :n] for r, n in enumerate(sizes)]
+
+    def _reduce_now(self, t: torch.Tensor, name: str) -> None:
+        """All-reduce ``t`` in place under canonical op ``name`` (checked)."""
+        if t.numel() == 0:
+            return
+        if name in _XM_OPS and t.dtype != torch.bool and not t.dtype.is_complex:
+            work = t if t.device.type == "xla" else t.to(xla_device())
+            xm().all_reduce(_XM_OPS[name], [work], scale=1.0 / self.size() if name == "AVG" else 1.0)
+            if work is not t:
+                t.copy_(work.to(t.device))
+            return
+        rows = torch.stack([r.view(t.dtype) for r in self._rows(_bytes_of(t))])
+        t.copy_(reduce_rows(rows, name, t.dtype).view(t.shape).to(t.device))
+
+    # ------------------------------------------------------------ reductions
+
+    def allreduce(self, tensors: list, opts: Any = None) -> LaneWork:
+        names = [_checked(t, opt(opts, "reduceOp", dist.ReduceOp.SUM)) for t in tensors]
+
+        def body() -> None:
+            for t, name in zip(tensors, names):
+                self._reduce_now(t, name)
+
+        return self._run("all_reduce", body, tensors, opts, tensors)
+
+    allreduce_coalesced = allreduce
+
+    def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
+        root = opt(opts, "rootRank", 0)
+        names = [_checked(t, opt(opts, "reduceOp", dist.ReduceOp.SUM)) for t in tensors]
+
+        def body() -> None:
+            for t, name in zip(tensors, names):
+                c = t.clone()  # the other ranks' inputs stay untouched
+                self._reduce_now(c, name)
+                if self.rank() == root:
+                    t.copy_(c)
+
+        return self._run("reduce", body, tensors, opts, tensors)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
+        size = self.size()
+        if input.numel() != output.numel() * size or input.dtype != output.dtype:
+            raise ValueError(
+                f"reduce_scatter: input ({input.numel()} x {input.dtype}) must hold output's {output.numel()} "
+                f"x {output.dtype} elements x group size {size}"
+            )
+        name = _checked(input, opt(opts, "reduceOp", dist.ReduceOp.SUM))
+
+        def body() -> None:
+            whole = input.clone()
+            self._reduce_now(whole, name)
+            output.copy_(whole.reshape(size, -1)[self.rank()].reshape(output.shape))
+
+        return self._run("reduce_scatter_tensor", body, output, opts, [input])
+
+    # ------------------------------------------------------------ data movement
+
+    def broadcast(self, tensors: list, opts: Any = None) -> LaneWork:
+        root = opt(opts, "rootRank", 0)
+
+        def body() -> None:
+            for t in tensors:
+                if t.numel():
+                    work = t if t.device.type == "xla" else t.to(xla_device())
+                    xm().collective_broadcast([work], root_ordinal=root)
+                    if work is not t:
+                        t.copy_(work.to(t.device))
+
+        return self._run("broadcast", body, tensors, opts, tensors)
+
+    def _gathered(self, inp: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``inp`` (same shape everywhere) as a CPU byte row per rank."""
+        return self._rows(_bytes_of(inp))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
+        if output.nbytes != input.nbytes * self.size():
+            raise ValueError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {self.size()}")
+        return self._run("all_gather_into_tensor", lambda: unflatten(torch.cat(self._gathered(input)), [output], by_bytes=True),
+                         output, opts, [input])
+
+    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
+        """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
+        for outs, inp in zip(output_lists, inputs):
+            _check_outputs("all_gather", outs, inp, self.size())
+
+        def body() -> None:
+            for outs, inp in zip(output_lists, inputs):
+                unflatten(torch.cat(self._gathered(inp)), outs, by_bytes=True)
+
+        return self._run("all_gather", body, output_lists, opts, inputs)
+
+    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
+        """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``)."""
+        if len(output_lists) != self.size() or any(len(outs) != len(inputs) for outs in output_lists):
+            raise ValueError(f"all_gather_coalesced: need {self.size()} output lists of {len(inputs)} tensors each")
+
+        def body() -> None:
+            flat = torch.cat([_bytes_of(t) for t in inputs]) if inputs else torch.empty(0, dtype=torch.uint8)
+            for row, outs in zip(self._rows(flat), output_lists):
+                unflatten(row, outs, by_bytes=True)
+
+        return self._run("all_gather_coalesced", body, output_lists, opts, inputs)
+
+    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
+        here = self.rank() == opt(opts, "rootRank", 0)
+        if here:
+            _check_outputs("gather", output_lists[0], inputs[0], self.size())
+
+        def body() -> None:
+            rows = self._gathered(inputs[0])
+            if here:
+                unflatten(torch.cat(rows), output_lists[0], by_bytes=True)
+
+        return self._run("gather", body, output_lists, opts, inputs)
+
+    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
+        root = opt(opts, "rootRank", 0)
+        here = self.rank() == root
+        if here:
+            _check_outputs("scatter", input_lists[0], outputs[0], self.size())
+
+        def body() -> None:
+            sent = torch.cat([_bytes_of(t) for t in input_lists[0]]) if here else torch.empty(0, dtype=torch.uint8)
+            mine = self._rows(sent)[root].reshape(self.size(), -1)[self.rank()]
+            unflatten(mine, outputs, by_bytes=True)
+
+        return self._run("scatter", body, outputs, opts, input_lists[0] if here else outputs)
+
+    def _exchange(self, flat: torch.Tensor, send: Sequence[int]) -> torch.Tensor:
+        """All-to-all of byte counts ``send[i]`` (to rank i) out of ``flat``: what came in, in rank order."""
+        counts = self._rows(torch.tensor(list(send), dtype=torch.int64).view(torch.uint8))
+        rows = self._rows(flat)
+        me = self.rank()
+        got = []
+        for row, raw in zip(rows, counts):
+            split = raw.view(torch.int64).tolist()
+            start = sum(split[:me])
+            got.append(row[start : start + split[me]])
+        return torch.cat(got) if got else torch.empty(0, dtype=torch.uint8)
+
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int], opts: Any = None,
+    ) -> LaneWork:  # fmt: skip
+        size = self.size()
+        send = byte_counts(input, input_split_sizes, size, "input")
+        recv = byte_counts(output, output_split_sizes, size, "output")
+
+        def body() -> None:
+            got = self._exchange(_bytes_of(input), send)
+            if got.numel() != sum(recv):
+                raise ValueError(f"all_to_all_single: received {got.numel()} bytes, the output split sizes say {sum(recv)}")
+            unflatten(got, [output], by_bytes=True)
+
+        return self._run("all_to_all", body, output, opts, [input])
+
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
+        if len(inputs) != self.size() or len(outputs) != self.size():
+            raise ValueError(f"all_to_all: need {self.size()} inputs and outputs, got {len(inputs)} and {len(outputs)}")
+
+        def body() -> None:
+            got = self._exchange(torch.cat([_bytes_of(t) for t in inputs]), [t.nbytes for t in inputs])
+            if got.numel() != sum(t.nbytes for t in outputs):
+                raise ValueError(f"all_to_all: received {got.numel()} bytes, the outputs hold {sum(t.nbytes for t in outputs)}")
+            unflatten(got, outputs, by_bytes=True)
+
+        return self._run("all_to_all", body, outputs, opts, inputs)
+
+    def barrier(self, opts: Any = None) -> LaneWork:
+        return self._run("barrier", lambda: xm().rendezvous("polydist.barrier"), None, opts, ())
+
+    # ------------------------------------------------------------ polydist's direct calls (blocking)
+
+    def allreduce_tensor(self, t: torch.Tensor, op: Any = "SUM") -> torch.Tensor:
+        self._reduce_now(t, _checked(t, op))
+        return t
+
+    def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
+        heads = self._rows(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+        p, out = plan(b"".join(h.numpy().tobytes() for h in heads))
+        _land(torch.cat(self._rows(_bytes_of(body))), out, p.total)
+        return p, out
+
+    def scatter_pieces(
+        self, headers: Optional[bytes], bodies: Optional[torch.Tensor], lengths: Sequence[int], root: int,
+        size: int, length_of: Callable[[bytes], Any],
+    ) -> tuple[bytes, torch.Tensor]:  # fmt: skip
+        n, here = self.size(), self.rank() == root
+        nothing = torch.empty(0, dtype=torch.uint8)
+        sent = torch.frombuffer(bytearray(headers), dtype=torch.uint8) if here and headers else nothing
+        mine = self._exchange(sent, [size] * n if here else [0] * n).numpy().tobytes()
+        length, _ = length_of(mine)
+        out = self._exchange(_bytes_of(bodies) if here else nothing, list(lengths) if here else [0] * n)
+        if out.numel() != length:
+            raise ValueError(f"{BACKEND_NAME}: received {out.numel()} bytes where the header announced {length}")
+        return mine, out
+
+    def all_to_all_pieces(
+        self, headers: bytes, bodies: torch.Tensor, lengths: Sequence[int], plan: Callable[[bytes], Any]
+    ) -> tuple[Any, torch.Tensor]:
+        n = self.size()
+        heads = self._exchange(torch.frombuffer(bytearray(headers), dtype=torch.uint8), [len(headers) // n] * n)
+        p, out = plan(heads.numpy().tobytes())
+        _land(self._exchange(_bytes_of(bodies), list(lengths)), out, p.total)
+        return p, out
+
+
+def _checked(t: torch.Tensor, op: Any) -> str:
+    """The canonical name of ``op``, checked against ``t``'s dtype (``ValueError``/``TypeError`` before sending)."""
+    name = resolve_op(op)
+    check_op_dtype(name, t.dtype)
+    return name
+
+
+def _land(got: torch.Tensor, out: torch.Tensor, total: int) -> None:
+    if got.numel() != total:
+        raise ValueError(f"{BACKEND_NAME}: received {got.numel()} bytes where the headers announced {total}")
+    unflatten(got, [out], by_bytes=True)
+
