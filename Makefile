@@ -62,9 +62,9 @@ $(XLA_STAMP): pyproject.toml
 # world-size-1 tests (tests/core, tests/backends/test_xla.py), then ignite's own XLA tests (marker tpu) on polydist,
 # and the side-by-side count of those tests on ignite itself and on polydist (about 3 minutes in all).
 test-xla: $(XLA_STAMP)
-	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/core tests/backends/test_xla.py
-	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/third_party/test_ignite_suite.py -k xla
-	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python tests/third_party/test_ignite_suite.py xla
+	PJRT_DEVICE=CPU TORCH_CPP_LOG_LEVEL=ERROR $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/core tests/backends/test_xla.py
+	PJRT_DEVICE=CPU TORCH_CPP_LOG_LEVEL=ERROR $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/third_party/test_ignite_suite.py -k xla
+	PJRT_DEVICE=CPU TORCH_CPP_LOG_LEVEL=ERROR $(XLA_VENV)/bin/python tests/third_party/test_ignite_suite.py xla
 
 # DeepSpeed and Ray Train (the engines extra; about 15 s and 20 s to install with the pip cache warm, torch kept
 # at 2.13.0) and their jobs on polydist (tests/third_party/test_engines.py, about 2 minutes on 2 cores: each job

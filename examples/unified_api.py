@@ -12,6 +12,7 @@ identical parameters, and exits 1 otherwise. Run it with any launcher, or none::
     mpiexec -n 2 python examples/unified_api.py
     python examples/unified_api.py --spawn 2                         # polydist.spawn
     python examples/unified_api.py --parallel 2                      # polydist.Parallel
+    python examples/unified_api.py --backend xla-tpu --spawn 1       # torch_xla (TPU; or PJRT_DEVICE=CPU)
 """
 
 import argparse
@@ -67,18 +68,19 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--spawn", type=int, metavar="N", help="start N processes here with polydist.spawn")
     parser.add_argument("--parallel", type=int, metavar="N", help="start N processes here with polydist.Parallel")
+    parser.add_argument("--backend", help="the backend (spawn/Parallel: default gloo; else the launcher's default)")
     args = parser.parse_args()
 
     if args.spawn:
         # spawn(backend, fn, args, kwargs_dict, nproc_per_node): fn(local_rank, *args) on each process;
         # returns their results by local rank.
-        results = pd.spawn("gloo", training, args=(args.epochs,), nproc_per_node=args.spawn)
+        results = pd.spawn(args.backend or "gloo", training, args=(args.epochs,), nproc_per_node=args.spawn)
     elif args.parallel:
-        with pd.Parallel(backend="gloo", nproc_per_node=args.parallel) as parallel:
+        with pd.Parallel(backend=args.backend or "gloo", nproc_per_node=args.parallel) as parallel:
             results = parallel.run(training, args.epochs)
     else:
         # Whatever started this process (a launcher, or none): join its job, or stay serial.
-        pd.initialize()
+        pd.initialize(args.backend)
         results = [training(pd.get_local_rank(), args.epochs)]
         pd.finalize()
 

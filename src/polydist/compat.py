@@ -17,7 +17,7 @@ __all__ = ["has_native_dist_support", "has_xla_support", "has_hvd_support", "syn
 has_native_dist_support: bool = dist.is_available()
 """True when this PyTorch has ``torch.distributed`` (ignite's ``idist.has_native_dist_support``)."""
 has_xla_support: bool = importlib.util.find_spec("torch_xla") is not None
-"""True when ``torch_xla`` is installed (ignite's flag; polydist has no XLA backend)."""
+"""True when ``torch_xla`` is installed (ignite's flag): ``initialize("xla-tpu")`` then works (the Choosing a backend guide)."""
 has_hvd_support: bool = importlib.util.find_spec("horovod") is not None
 """True when ``horovod`` is installed (ignite's flag): ``initialize("horovod")`` then works under ``horovodrun``."""
 
@@ -32,9 +32,9 @@ def sync(temporary: bool = False) -> None:
 
 
 def registered_computation_models() -> list:
-    """The kinds of world polydist runs in, by ignite's names: ``["serial", "native-dist"]``, and
-    ``"horovod-dist"`` where Horovod is installed.
+    """The kinds of world polydist runs in, by ignite's names: ``["serial", "native-dist"]``, then
+    ``"xla-dist"`` where torch_xla is installed and ``"horovod-dist"`` where Horovod is, in ignite's order.
 
     ignite returns its internal model classes; no user code needs those.
     """
-    return ["serial", "native-dist"] + (["horovod-dist"] if has_hvd_support else [])
+    return ["serial", "native-dist"] + (["xla-dist"] if has_xla_support else []) + (["horovod-dist"] if has_hvd_support else [])

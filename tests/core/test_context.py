@@ -1,6 +1,7 @@
 """Context: serial mode, queries in a world, adoption of a user-made group, finalize."""
 
 import dataclasses
+import importlib.util
 import os
 import subprocess
 import sys
@@ -162,8 +163,9 @@ def test_multinode_gloo_warns_when_the_host_name_is_loopback(monkeypatch):
 
 
 def test_ignite_names_serially():
-    assert pd.model_name() == "serial" and pd.registered_computation_models() == ["serial", "native-dist"] + (["horovod-dist"] if pd.has_hvd_support else [])
-    assert pd.has_native_dist_support is True and pd.has_xla_support is False
+    assert pd.model_name() == "serial" and pd.registered_computation_models() == ["serial", "native-dist"] + (
+        ["xla-dist"] if pd.has_xla_support else []) + (["horovod-dist"] if pd.has_hvd_support else [])
+    assert pd.has_native_dist_support is True and pd.has_xla_support is (importlib.util.find_spec("torch_xla") is not None)
     assert isinstance(pd.has_hvd_support, bool)
     t = torch.arange(6.0).view(2, 3)
     assert pd.all_gather_tensors_with_shapes(t, [[2, 3]])[0] is t

@@ -71,6 +71,8 @@ def test_wait_with_a_timeout_names_the_backend():
     lane.stop()
 
 
+@pytest.mark.skipif(torch.__version__.startswith("2.9."), reason="torch 2.9's profiler drops a record function closed on "
+                    "another thread (the lane's worker), measured in make test-xla's venv; torch 2.13 keeps it")
 def test_profiled_work_is_an_async_event_with_input_shapes():
     lane = Lane("mpi")
     t = torch.ones(2, 3)
