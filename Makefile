@@ -60,11 +60,17 @@ $(XLA_STAMP): pyproject.toml
 
 # With PJRT_DEVICE=CPU (world size 1; PJRT's CPU client cannot run several processes): polydist's unit tests, the
 # world-size-1 tests (tests/core, tests/backends/test_xla.py), then ignite's own XLA tests (marker tpu) on polydist,
-# and the side-by-side count of those tests on ignite itself and on polydist (about 3 minutes in all).
+# and the side-by-side count of those tests on ignite itself and on polydist (12-15 minutes on the shared 2-core VM).
+# Left out there: two tests that compare a gloo world's whole stdout, where torch 2.9's gloo prints "[Gloo] Rank 0 is
+# connected to 1 peer ranks..." itself (torch 2.13's does not); they pass in make test.
+XLA_GLOO_STDOUT := tests/core/test_context.py::test_launched_ranks_without_master_meet_on_loopback_15000 \
+	tests/core/test_world_state.py::test_destroy_and_reinit_leaves_nothing_stale
+
 test-xla: $(XLA_STAMP)
-	PJRT_DEVICE=CPU TORCH_CPP_LOG_LEVEL=ERROR $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/core tests/backends/test_xla.py
-	PJRT_DEVICE=CPU TORCH_CPP_LOG_LEVEL=ERROR $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/third_party/test_ignite_suite.py -k xla
-	PJRT_DEVICE=CPU TORCH_CPP_LOG_LEVEL=ERROR $(XLA_VENV)/bin/python tests/third_party/test_ignite_suite.py xla
+	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/core tests/backends/test_xla.py \
+		$(foreach t,$(XLA_GLOO_STDOUT),--deselect $(t))
+	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/third_party/test_ignite_suite.py -k xla
+	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python tests/third_party/test_ignite_suite.py xla
 
 # DeepSpeed and Ray Train (the engines extra; about 15 s and 20 s to install with the pip cache warm, torch kept
 # at 2.13.0) and their jobs on polydist (tests/third_party/test_engines.py, about 2 minutes on 2 cores: each job

@@ -158,7 +158,7 @@ def test_ignite_xla_tests_pass_on_polydist(tmp_path):
     failed = sorted(node for node, outcome in got.items() if outcome == "failed")
     passed = sum(outcome == "passed" for outcome in got.values())
     assert not failed, f"{len(failed)} of ignite's XLA tests failed on polydist: {failed}\n{output}"
-    assert passed >= 12, output  # every one of the 20 that tests polydist at world size 1
+    assert passed >= 11, output  # all 11 of the 20 that test polydist (the other 9: XLA_EXCLUDED)
 
 
 if __name__ == "__main__":  # the side-by-side count: python tests/third_party/test_ignite_suite.py [xla]

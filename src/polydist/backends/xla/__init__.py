@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import sys
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Optional
@@ -147,15 +148,17 @@ class _Work:
 
 
 def adopt() -> bool:
-    """Make the xla-tpu group where the program uses an XLA device already, without communicating.
+    """Make the xla-tpu group in a program that chose XLA itself, without communicating.
 
-    idist treats every process with torch_xla as an XLA world (its
-    ``create_from_context``); polydist does so once the program has started
-    torch_xla's runtime itself (``torch_xla.device()``, ``xr.world_size()``,
-    an XLA tensor), so that a plain serial program with torch_xla merely
-    installed stays serial. False (nothing done) otherwise.
+    idist treats every process with torch_xla installed as an XLA world (its
+    ``create_from_context``); polydist does so where the program imported
+    torch_xla and either picked its device (``PJRT_DEVICE``, as torch_xla's
+    docs have TPU and CPU users export) or already started its runtime
+    (``torch_xla.device()``, an XLA tensor), so that a program with
+    torch_xla merely installed stays serial. False (nothing done) otherwise.
     """
-    if "torch_xla" not in sys.modules or not sys.modules["torch_xla"]._XLAC._xla_runtime_is_initialized():
+    xla = sys.modules.get("torch_xla")
+    if xla is None or not (os.environ.get("PJRT_DEVICE") or xla._XLAC._xla_runtime_is_initialized()):
         return False
     register()
     xr = _runtime()
