@@ -150,6 +150,9 @@ class PythonProcessGroup(DirectProcessGroup):
         self._lane.call(lambda: self._reduce_into(t, plan), "all_reduce", [t])
         return t
 
+    def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
+        raise NotImplementedError
+
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         size = self.size()
         if input.numel() != output.numel() * size:

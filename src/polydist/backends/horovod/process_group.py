@@ -121,8 +121,9 @@ class HorovodProcessGroup(PythonProcessGroup):
     polydist's ``initialize("horovod")`` calls under ``horovodrun``), not by
     hand. Ranks are Horovod's ranks. Methods carry PyTorch's ProcessGroup
     signatures under the names PyTorch 2.2–2.13 call, as
-    :class:`~polydist.backends.mpi4py.MPIProcessGroup` does. Errors:
-    ``ValueError`` for CUDA tensors or mismatched sizes, ``TypeError`` for an
+    :class:`~polydist.backends.mpi4py.MPIProcessGroup` does, and the same
+    argument checks (:class:`~polydist.backends.python_group.PythonProcessGroup`).
+    Errors: ``ValueError`` for CUDA tensors or mismatched sizes, ``TypeError`` for an
     op undefined on a dtype, ``NotImplementedError`` for point-to-point, all
     raised by the call before anything is sent; Horovod's errors are raised
     by ``wait()``.

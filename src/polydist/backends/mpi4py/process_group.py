@@ -72,10 +72,11 @@ class MPIProcessGroup(PythonProcessGroup):
     assigns. Methods carry PyTorch's ProcessGroup signatures, under the names
     PyTorch 2.2–2.13 call (``_allgather_base``/``all_gather_single``,
     ``alltoall_base``/``all_to_all_single``, ...). Errors: ``ValueError`` for
-    CUDA tensors or mismatched sizes; ``TypeError`` for an op undefined on a
-    dtype (the same table as polydist's collectives,
-    :func:`polydist.ops.check_op_dtype`), both raised by the call; MPI
-    errors (``mpi4py.MPI.Exception``) are raised by ``wait()``.
+    CUDA tensors or mismatched sizes (torch's rule, the words of every Python
+    group: :class:`~polydist.backends.python_group.PythonProcessGroup`);
+    ``TypeError`` for an op undefined on a dtype (the same table as
+    polydist's collectives, :func:`polydist.ops.check_op_dtype`), both raised
+    by the call; MPI errors (``mpi4py.MPI.Exception``) are raised by ``wait()``.
     """
 
     def __init__(self, comm: Any, rank: int, size: int, backend: str = _mpi.BACKEND_NAME) -> None:
