@@ -54,7 +54,7 @@ BAD_CALLS = {
     ),
     "all_to_all: a short list": (  # mpi4py did not check the lists before
         lambda g: g.alltoall([_empty(2)] * 2, [torch.ones(2)] * 3),
-        "all_to_all: need 3 inputs and outputs, got 3 and 2",
+        "all_to_all: invalid output tensor list (expected length 3, one per group rank, got 2)",
     ),
     "all_to_all_single: dim 0 does not split evenly": (  # mpi4py split the bytes mid-row before
         lambda g: g.all_to_all_single(_empty(2, 3), torch.ones(2, 3), [], []),

@@ -107,12 +107,16 @@ class PythonProcessGroup(DirectProcessGroup):
             )
         self._cpu(t)
 
-    def _one_per_rank(self, what: str, name: str, tensors: Sequence[torch.Tensor], like: torch.Tensor, like_name: str) -> None:
-        """``tensors``: one per group rank, each like ``like``."""
+    def _per_rank(self, what: str, name: str, tensors: Sequence[torch.Tensor]) -> None:
+        """``tensors``: one per group rank."""
         if len(tensors) != self.size():
             raise ValueError(
                 f"{what}: invalid {name} tensor list (expected length {self.size()}, one per group rank, got {len(tensors)})"
             )
+
+    def _one_per_rank(self, what: str, name: str, tensors: Sequence[torch.Tensor], like: torch.Tensor, like_name: str) -> None:
+        """``tensors``: one per group rank, each like ``like``."""
+        self._per_rank(what, name, tensors)
         for i, t in enumerate(tensors):
             self._like(what, name, i, t, like, like_name)
 
@@ -282,8 +286,8 @@ class PythonProcessGroup(DirectProcessGroup):
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         self._cpu(*inputs, *outputs)
-        if len(inputs) != self.size() or len(outputs) != self.size():
-            raise ValueError(f"all_to_all: need {self.size()} inputs and outputs, got {len(inputs)} and {len(outputs)}")
+        self._per_rank("all_to_all", "input", inputs)  # the sizes may differ: each pair of ranks agrees on its own
+        self._per_rank("all_to_all", "output", outputs)
         send = [t.nbytes for t in inputs]
         recv = [t.nbytes for t in outputs]
 
