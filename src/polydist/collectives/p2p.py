@@ -6,7 +6,8 @@ travels as a *frame*: a 2 KiB slot (see :mod:`polydist.collectives.frames`) mark
 a magic number, followed by a body only when the encoded value exceeds 2032
 bytes; ``recv(None, src)`` returns it. A receiver that expects a value but
 gets something else raises instead of misreading it. In debug mode a tensor
-is preceded by a header slot with its dtype and shape, so a receiver whose
+is preceded by a frame holding its header (:mod:`~polydist.collectives.tensor_header`:
+pieces' header of its dtype and shape), so a receiver whose
 tensor does not match raises :class:`~polydist.CollectiveMismatchError` (after
 draining the message, so the pair stays usable).
 
@@ -22,11 +23,9 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .. import codec
 from ..settings import is_debug
-from . import frames
+from . import frames, tensor_header
 from .debug import describe_tensor
-from .layout import read_meta, tensor_meta
 from .pipeline import Collective, contiguous
 from ..context import device
 from ..errors import CollectiveMismatchError
@@ -77,8 +76,14 @@ def _post_send(x: Any, dst: int, res: Resolved, tag: int, allow_pickle: Optional
     if isinstance(x, torch.Tensor):
         works = []
         if is_debug():
-            header = tensor_meta(x)
+            try:
+                header: frames.Payload = tensor_header.encode(x)
+            except TypeError as exc:  # a dtype with no wire code: the receiver is told instead of waiting
+                header = frames.Failure(exc)
             works.append(dist.isend(_bytes_tensor(frames.make_slot(header, _TENSOR_MAGIC), res), dst, res.pg, tag))
+            if isinstance(header, frames.Failure):
+                works[0].wait()
+                raise header.error
         return [*works, dist.isend(_on_comm_device(x, res), dst, res.pg, tag)]
     payload = frames.encode(x, allow_pickle)
     slot = _bytes_tensor(frames.make_slot(payload, _VALUE_MAGIC), res)
@@ -202,11 +207,11 @@ def _read_value(slot: torch.Tensor, src: int, res: Resolved, tag: int, allow_pic
     if frames.slot_aux(raw) not in (_TENSOR_MAGIC, _VALUE_MAGIC):
         raise _frame_error(src, res, "a value", "data that is not a polydist value frame (a raw tensor?)")
     length, magic, body = frames.read_slot(raw, src, "recv")
-    if magic == _TENSOR_MAGIC:
-        dtype_name, shape = read_meta(body, src, "recv")
-        _drain_tensor(dtype_name, shape, src, res, tag)
-        raise _frame_error(src, res, "a value", f"a tensor {dtype_name}{list(shape)}")
     frames.raise_failures([(length, magic, body)], [src], "recv", None)
+    if magic == _TENSOR_MAGIC:
+        dtype, shape = tensor_header.decode(body, src, "recv")
+        _drain_tensor(dtype, shape, src, res, tag)
+        raise _frame_error(src, res, "a value", f"a tensor {describe_tensor(dtype, shape)}")
     if length > frames.inline_size(frames.PAIR_SLOT):
         data = _empty(length, res)
         dist.recv(data, src, res.pg, tag)
@@ -214,8 +219,8 @@ def _read_value(slot: torch.Tensor, src: int, res: Resolved, tag: int, allow_pic
     return frames.decode_from(body, src, "recv", device(), allow_pickle)
 
 
-def _drain_tensor(dtype_name: str, shape: list, src: int, res: Resolved, tag: int) -> None:
-    dist.recv(torch.empty(shape, dtype=codec.torch_dtype(dtype_name), device=res.device), src, res.pg, tag)
+def _drain_tensor(dtype: torch.dtype, shape: list, src: int, res: Resolved, tag: int) -> None:
+    dist.recv(torch.empty(shape, dtype=dtype, device=res.device), src, res.pg, tag)
 
 
 def _check_header(slot: torch.Tensor, x: torch.Tensor, src: int, res: Resolved, tag: int) -> None:
@@ -226,11 +231,11 @@ def _check_header(slot: torch.Tensor, x: torch.Tensor, src: int, res: Resolved, 
         if length > frames.inline_size(frames.PAIR_SLOT):
             dist.recv(_empty(length, res), src, res.pg, tag)
         raise _frame_error(src, res, f"a tensor {mine}", "a value")
-    dtype_name, shape = read_meta(body, src, "recv")
-    if dtype_name != codec.dtype_name(x.dtype) or list(shape) != list(x.shape):
-        _drain_tensor(dtype_name, shape, src, res, tag)
-        theirs = describe_tensor(codec.torch_dtype(dtype_name), shape)
-        raise _frame_error(src, res, f"a tensor {mine}", f"a tensor {theirs}")
+    frames.raise_failures([(length, magic, body)], [src], "recv", None)  # the sender's dtype has no header
+    dtype, shape = tensor_header.decode(body, src, "recv")
+    if dtype != x.dtype or list(shape) != list(x.shape):
+        _drain_tensor(dtype, shape, src, res, tag)
+        raise _frame_error(src, res, f"a tensor {mine}", f"a tensor {describe_tensor(dtype, shape)}")
 
 
 def _copy_back(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
