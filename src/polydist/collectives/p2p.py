@@ -18,7 +18,7 @@ and ``dst`` are global ranks, ``tag`` matches sends to receives.
 from __future__ import annotations
 
 import reprlib
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,19 @@ def _check_tag(tag: Any) -> int:
     if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0:
         raise ValueError(f"tag must be a non-negative int, got {tag!r}")
     return tag
+
+
+def _peer_calls(name: str) -> Callable[..., None]:
+    """The group check of ``name``: its backend must have point-to-point (its registry entry's ``point_to_point``)."""
+
+    def check(res: Resolved, *args: Any) -> None:
+        if not res.entry.point_to_point:
+            raise NotImplementedError(
+                f"{name}: the {res.backend} backend has no point-to-point operations; use a collective "
+                "(broadcast, scatter, all_to_all) or a backend that has them"
+            )
+
+    return check
 
 
 def _bytes_tensor(data: bytearray, res: Resolved) -> torch.Tensor:
@@ -134,6 +147,8 @@ def send(tensor: Any, dst: int, group: GroupLike = None, tag: int = 0, *, allow_
         ValueError: a value the codec refuses otherwise (depth, text UTF-8
             cannot encode): the receiver raises ``ValueError`` naming this
             rank and the reason.
+        NotImplementedError: the group's backend has no point-to-point
+            (horovod), before anything is sent.
 
     Source: ``torch.distributed.send``.
     """
@@ -182,7 +197,7 @@ def _send_body(res: Resolved, x: Any, dst: int, tag: int, allow_pickle: Optional
     return None
 
 
-_SEND = Collective("send", _send_body, None, None, root="dst", peer=True, echo=False)
+_SEND = Collective("send", _send_body, None, None, root="dst", peer=True, echo=False, check=_peer_calls("send"))
 
 
 # ---------------------------------------------------------------- receiving
@@ -283,6 +298,8 @@ def recv(
             not be encoded (``ValueError`` when refused for its depth or text).
         CollectiveMismatchError: a value was expected and something else
             arrived; in debug mode also a tensor of another shape or dtype.
+        NotImplementedError: the group's backend has no point-to-point
+            (horovod), before anything is received.
 
     Source: ``torch.distributed.recv``.
     """
@@ -365,4 +382,4 @@ def _irecv_body(res: Resolved, x: Any, src: int, tag: int, allow_pickle: Optiona
     return Work([dist.irecv(buf, src, res.pg, tag)], lambda: _copy_back(buf, x))
 
 
-_RECV = Collective("recv", _recv_body, None, None, root="src", peer=True)
+_RECV = Collective("recv", _recv_body, None, None, root="src", peer=True, check=_peer_calls("recv"))
