@@ -236,7 +236,8 @@ _NAMES = {
 
 
 def who(info: Any) -> str:
-    """The launcher of ``info`` (a :class:`polydist.environment.ProcessInfo`), in words: "torchrun", "MPICH's mpiexec", "srun", ..."""
+    """The launcher of ``info`` (a :class:`polydist.environment.ProcessInfo`), in words: "torchrun",
+    "MPICH's mpiexec", "srun", ..."""
     if info.launcher == "mpi":
         return _MPI_NAMES.get(info.mpi_flavor or "", "an MPI launcher")
     return _NAMES.get(info.launcher, info.launcher)

@@ -27,7 +27,7 @@ __all__ = ["Received", "mover", "all_gather_pieces", "gather_pieces", "scatter_p
 
 
 def mover(res: Resolved) -> Mover:
-    """The group's mover, chosen on first use (by ``res.direct``, which its registry entry decided) and kept on ``res``."""
+    """The group's mover, chosen on first use (by ``res.direct``, which its registry entry decided), kept on ``res``."""
     m = res.mover
     if m is None:
         m = res.mover = DirectMover(res.direct) if res.direct is not None else SLOTS
