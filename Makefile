@@ -85,8 +85,10 @@ $(ENGINES_STAMP): $(STAMP)
 
 test-engines: $(ENGINES_STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -m engines tests/third_party/test_engines.py
-# The tests marked heavy, which make test skips to keep within its time: the main job with --fsdp surviving a
-# SIGKILLed rank under --max-restarts (about 30 s) and the sharded-training tutorial on gloo (10 s; issue 27).
+# The tests marked heavy, which make test skips to keep within its time (about 6 minutes on 2 cores): PyTorch's
+# own suite side by side with gloo (make test runs polydist's configurations only), the elastic node-leaves-and-
+# joins job, the main job with --fsdp surviving a SIGKILLed rank under --max-restarts, the sharded-training
+# tutorial on gloo and the fault benchmark's run.
 test-heavy: $(STAMP)
 	POLYDIST_TEST_HEAVY=1 $(BIN)/python -m pytest -p no:cacheprovider -m heavy tests
 

@@ -17,8 +17,9 @@ from .collectives.scatter import all_to_all, scatter
 from .collectives.work import Work
 from .context import available_backends, backend, device, finalize, get_local_rank, get_nnodes, get_node_rank
 from .context import get_nproc_per_node, get_rank, get_world_size, hostname, initialize, is_initialized
-from .context import is_main_process, model_name, set_local_rank, show_config
-from .compat import has_hvd_support, has_native_dist_support, has_xla_support, registered_computation_models, sync
+from .context import is_main_process, set_local_rank, show_config
+from .compat import has_hvd_support, has_native_dist_support, has_xla_support, model_name, registered_computation_models
+from .compat import sync
 from .errors import CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError, PolydistError
 from .errors import InvalidGroupError, WorkerFailedError, WorldMismatchError
 from .groups import NON_MEMBER as NON_GROUP_MEMBER, new_group

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._slurm import first_host
 from .settings import LAUNCHER
 
-__all__ = ["LAYOUT", "Claim", "READERS", "read_int", "first_set", "elastic", "slurm_port", "PET", "TASK_COUNT"]
+__all__ = [
+    "LAYOUT", "Claim", "READERS", "read_int", "first_set", "elastic", "slurm_port", "PET", "TASK_COUNT", "UNNAMED", "who",
+]
 
 LAYOUT = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "nnodes")
+UNNAMED = "env"  # the launcher of a bare RANK/WORLD_SIZE, which polydist cannot name (Ray Train, a script)
 
 
 # ---------------------------------------------------------------- claims: what one launcher's variables say
@@ -208,5 +211,33 @@ READERS: Tuple[Tuple[Tuple[str, ...], Reader], ...] = (
     (("PMIX_RANK",), _simple("mpi", {"rank": ("PMIX_RANK",)}, "pmix")),  # PMIx exports no size: another must
     (("SLURM_PROCID",), _slurm),
     (("RANK",), _kubeflow),
-    (("RANK", "WORLD_SIZE"), _simple("env", _TORCH)),
+    (("RANK", "WORLD_SIZE"), _simple(UNNAMED, _TORCH)),
 )
+
+
+# ---------------------------------------------------------------- each launcher in words (messages)
+
+_MPI_NAMES = {
+    "openmpi": "Open MPI's mpirun",
+    "mvapich": "MVAPICH's mpirun",
+    "mpich": "MPICH's mpiexec",
+    "intelmpi": "Intel MPI's mpiexec",
+    "pmi": "a PMI process manager",
+    "pmix": "a PMIx process manager",
+}
+_NAMES = {
+    "torchrun": "torchrun",
+    "polydist": "polydist run",
+    "horovod": "horovodrun",
+    "slurm": "srun",
+    "kubeflow": "the Kubeflow PyTorchJob",
+    UNNAMED: "the environment",
+}
+
+
+def who(info: Any) -> str:
+    """The launcher of ``info`` (a :class:`polydist.environment.ProcessInfo`), in words: "torchrun",
+    "MPICH's mpiexec", "srun", ..."""
+    if info.launcher == "mpi":
+        return _MPI_NAMES.get(info.mpi_flavor or "", "an MPI launcher")
+    return _NAMES.get(info.launcher, info.launcher)

@@ -18,35 +18,12 @@ start a world of its own (``torch.multiprocessing.spawn``).
 
 from __future__ import annotations
 
+from ._launchers import UNNAMED, who
 from .backends import registry
 from .environment import ProcessInfo, mpi_initialized
 from .errors import WorldMismatchError
 
 __all__ = ["who", "announcement", "check_group", "check_mpi_can_join"]
-
-_MPI_NAMES = {
-    "openmpi": "Open MPI's mpirun",
-    "mvapich": "MVAPICH's mpirun",
-    "mpich": "MPICH's mpiexec",
-    "intelmpi": "Intel MPI's mpiexec",
-    "pmi": "a PMI process manager",
-    "pmix": "a PMIx process manager",
-}
-_NAMES = {
-    "torchrun": "torchrun",
-    "polydist": "polydist run",
-    "horovod": "horovodrun",
-    "slurm": "srun",
-    "kubeflow": "the Kubeflow PyTorchJob",
-    "env": "the environment",
-}
-
-
-def who(info: ProcessInfo) -> str:
-    """The launcher, in words: "torchrun", "MPICH's mpiexec", "srun", ..."""
-    if info.launcher == "mpi":
-        return _MPI_NAMES.get(info.mpi_flavor or "", "an MPI launcher")
-    return _NAMES.get(info.launcher, info.launcher)
 
 
 def announcement(info: ProcessInfo) -> str:
@@ -98,6 +75,6 @@ def check_mpi_can_join(info: ProcessInfo, backend: str) -> None:
     ``WORLD_SIZE`` alone) might be an MPI that polydist does not know: its
     group is checked once made, by :func:`check_group`.
     """
-    if info.is_distributed and info.mpi_flavor is None and info.launcher != "env" and not mpi_initialized():
+    if info.is_distributed and info.mpi_flavor is None and info.launcher != UNNAMED and not mpi_initialized():
         _raise(info, backend, 0, 1, f"an {backend} group here would have 1 process (MPI sees no MPI launcher, "
                                     "so each process would be a world of its own)")

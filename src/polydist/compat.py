@@ -1,7 +1,8 @@
 """``ignite.distributed``'s names that polydist's own API does not need, so that ignite code runs unchanged.
 
-Flags of what this PyTorch can do, ignite's list of its computation models,
-and ``sync``. Source: ``ignite.distributed.utils`` (ignite 0.5).
+Flags of what this PyTorch can do, ignite's computation models (the live
+world's, and the list of them), and ``sync``. Source: ``ignite.distributed.utils``
+(ignite 0.5).
 """
 
 from __future__ import annotations
@@ -10,16 +11,33 @@ import importlib.util
 
 import torch.distributed as dist
 
+from . import join
+from .backends import registry
 from .context import world
 
-__all__ = ["has_native_dist_support", "has_xla_support", "has_hvd_support", "sync", "registered_computation_models"]
+__all__ = [
+    "has_native_dist_support", "has_xla_support", "has_hvd_support", "model_name", "sync", "registered_computation_models",
+]
 
 has_native_dist_support: bool = dist.is_available()
 """True when this PyTorch has ``torch.distributed`` (ignite's ``idist.has_native_dist_support``)."""
 has_xla_support: bool = importlib.util.find_spec("torch_xla") is not None
 """True when ``torch_xla`` is installed (ignite's flag): ``initialize("xla-tpu")`` then works (the Choosing a backend guide)."""
-has_hvd_support: bool = importlib.util.find_spec("horovod") is not None
-"""True when ``horovod`` is installed (ignite's flag): ``initialize("horovod")`` then works under ``horovodrun``."""
+has_hvd_support: bool = "horovod-dist" in registry.model_names()
+"""True when Horovod's PyTorch binding is installed (ignite's flag: ``import horovod.torch`` works), so that a
+backend of idist's "horovod-dist" model can run: ``initialize("horovod")`` then works under ``horovodrun``."""
+
+
+def model_name() -> str:
+    """``"horovod-dist"`` in a group of the horovod backend, ``"xla-dist"`` on xla-tpu, ``"native-dist"``
+    in any other torch.distributed process group, else ``"serial"``.
+
+    Source: ``ignite.distributed.model_name``.
+    """
+    state = world()
+    if state is None:
+        return "serial"
+    return join.model_name_of(dist.get_backend(state.pg))
 
 
 def sync(temporary: bool = False) -> None:
@@ -32,9 +50,11 @@ def sync(temporary: bool = False) -> None:
 
 
 def registered_computation_models() -> list:
-    """The kinds of world polydist runs in, by ignite's names: ``["serial", "native-dist"]``, then
-    ``"xla-dist"`` where torch_xla is installed and ``"horovod-dist"`` where Horovod is, in ignite's order.
+    """The kinds of world polydist runs in, by ignite's names: ``["serial", "native-dist"]``, and
+    ``"horovod-dist"`` where Horovod is installed, ``"xla-dist"`` where torch_xla is (the idist model names
+    of the backends that can run here,
+    :func:`polydist.backends.registry.model_names`).
 
     ignite returns its internal model classes; no user code needs those.
     """
-    return ["serial", "native-dist"] + (["xla-dist"] if has_xla_support else []) + (["horovod-dist"] if has_hvd_support else [])
+    return ["serial", *registry.model_names()]

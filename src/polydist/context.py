@@ -9,7 +9,8 @@ value. Inside a live group, rank and world size come from the group, never
 from environment variables; the environment is read to create a group, and
 to answer queries before one exists. polydist never writes environment
 variables, so :func:`finalize` has nothing of the user's to undo. ignite's
-other names: :mod:`polydist.compat`; gloo's exit workaround: ``polydist._at_exit``.
+other names (``model_name``, ``sync``, ...): :mod:`polydist.compat`; gloo's
+exit workaround: ``polydist._at_exit``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ __all__ = [
     "available_backends",
     "show_config",
     "set_local_rank",
-    "model_name",
 ]
 
 _world: Optional[World] = None  # the live world's state; see world()
@@ -326,18 +326,6 @@ def set_local_rank(index: int) -> None:
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise ValueError(f"set_local_rank takes a non-negative int, got {index!r}")
     _local_rank_hint = index
-
-
-def model_name() -> str:
-    """``"horovod-dist"`` in a group of the horovod backend, ``"xla-dist"`` on xla-tpu, ``"native-dist"``
-    in any other torch.distributed process group, else ``"serial"``.
-
-    Source: ``ignite.distributed.model_name``.
-    """
-    state = world()
-    if state is None:
-        return "serial"
-    return join.model_name_of(dist.get_backend(state.pg))
 
 
 def get_nproc_per_node() -> int:

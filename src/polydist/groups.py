@@ -26,7 +26,6 @@ import torch.distributed as dist
 from . import _torch
 from ._state import World
 from .backends import registry
-from .backends.direct import DirectProcessGroup
 from .context import comm_device, require_group, world
 from .errors import InvalidGroupError
 
@@ -46,9 +45,10 @@ class Resolved:
         size: the number of ranks.
         backend: the group's backend name ("gloo", "nccl", "mpi4py", ...).
         device: where the group's byte buffers live (:func:`polydist.context.comm_device`).
-        direct: the group itself when it is a
-            :class:`~polydist.backends.direct.DirectProcessGroup` (mpi4py,
-            horovod), whose blocking methods can be called without
+        entry: its backend's registry entry (:mod:`polydist.backends.registry`).
+        direct: the group itself when its entry says polydist's collectives call
+            its direct calls (:meth:`~polydist.backends.registry.Backend.moves_direct`:
+            mpi4py, horovod, the ``mpi`` stand-in), blocking methods called without
             torch.distributed's dispatch (which costs more than a small MPI collective).
         mover: the :class:`~polydist.collectives.mover.Mover` its collectives use, once chosen.
         seq: collectives called on this group so far (every member counts
@@ -61,7 +61,10 @@ class Resolved:
             a buffer a result is a view of), by name.
     """
 
-    __slots__ = ("pg", "ranks", "rank", "size", "group_rank", "backend", "device", "direct", "mover", "seq", "key", "predictors", "scratch")
+    __slots__ = (
+        "pg", "ranks", "rank", "size", "group_rank", "backend", "device", "entry", "direct", "mover", "seq", "key",
+        "predictors", "scratch",
+    )
 
     def __init__(self, pg: Optional["dist.ProcessGroup"], ranks: tuple[int, ...], rank: int) -> None:
         group = pg if pg is not None else _torch.default_pg()
@@ -69,7 +72,8 @@ class Resolved:
         self.size, self.group_rank = len(ranks), ranks.index(rank)
         self.backend = str(dist.get_backend(group))
         self.device: torch.device = comm_device(self.backend)
-        self.direct = group if isinstance(group, DirectProcessGroup) else None
+        self.entry = registry.get(self.backend)
+        self.direct = group if self.entry.moves_direct(group) else None
         self.mover: Any = None  # how its pieces move: chosen on first use (polydist.collectives.exchange.mover)
         self.seq = 0
         self.predictors: dict = {}

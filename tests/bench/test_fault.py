@@ -1,5 +1,8 @@
 """benchmarks/fault.py, one short run: an exception raised inside the main job's training loop (gloo) is announced
-as a restart, the job resumes from its checkpoint, finishes (exit 0) and trains the model of the uninterrupted run."""
+as a restart, the job resumes from its checkpoint, finishes (exit 0) and trains the model of the uninterrupted run.
+
+About 30 s on 2 cores: make test-heavy runs it (restarts and resuming are proven in make test by
+tests/launch/test_restarts.py and tests/training/test_checkpoint.py)."""
 
 import json
 import os
@@ -14,6 +17,7 @@ FAULT = os.path.join(ROOT, "benchmarks", "fault.py")
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="the benchmark finds the workers in /proc")
+@pytest.mark.heavy
 @pytest.mark.timeout(120)
 def test_an_exception_in_the_loop_is_survived_and_reported(cli_env, tmp_path):
     out = tmp_path / "fault.json"

@@ -105,23 +105,6 @@ def test_receiver_names_the_hostile_rank_and_the_group_survives(world2, scenario
     assert after == after_hostile == 2.0
 
 
-def _tensor_header_lies():
-    """A debug-mode tensor header whose shape declares more than any machine holds: refused before allocating."""
-    if pd.get_rank() == 1:
-        header = msgpack.packb(["float32", [2**40, 2**20]], use_bin_type=True)
-        slot = frames.make_slot(header, aux=0x70645431, size=frames.PAIR_SLOT)  # p2p's tensor-header magic
-        dist.send(torch.frombuffer(slot, dtype=torch.uint8).clone(), dst=0)
-        return None, _usable()
-    return _error_of(lambda: pd.recv(None, src=1)), _usable()
-
-
-@pytest.mark.p2p
-def test_tensor_header_beyond_memory_is_refused(world2):
-    (error, after), (_, after_hostile) = world2.run(_tensor_header_lies)
-    assert error is not None and error[0] == "ValueError" and "rank 1" in error[1], error
-    assert after == after_hostile == 2.0
-
-
 # ------------------------------------------------------------ piece headers (all_gather, gather, scatter, all_to_all)
 
 _PIECE = struct.Struct("<4sBBBBqqq4q")  # polydist.collectives.pieces' header
@@ -163,6 +146,48 @@ def _hostile_piece(lie):
 @pytest.mark.parametrize("lie", sorted(PIECE_LIES))
 def test_lying_piece_header_is_refused_by_name(world2, lie):
     (error, after), (_, after_hostile) = world2.run(_hostile_piece, lie)
+    assert error is not None and error[0] == "ValueError", (lie, error)
+    assert "rank 1 sent a malformed header" in error[1], error
+    assert after == after_hostile == 2.0
+
+
+# ------------------------------------------------------------ tensor headers (broadcast's safe mode, point-to-point)
+
+TENSOR_HEADER_LIES = {
+    **PIECE_LIES,
+    "beyond_memory": dict(ndim=2, dims=(2**40, 2**20, 0, 0), length=2**62),  # consistent, but no machine holds it
+    "not_a_tensor": dict(kind=2),
+    "dims_past_four_missing": dict(ndim=6, length=16 + 8),  # declares 2 more dims that never follow
+}
+_TENSOR_MAGIC = 0x70645431  # polydist.collectives.p2p's tensor-header frame
+
+
+def _lying_tensor_header(lie: str) -> bytes:
+    fields = dict(magic=b"PDX1", kind=1, code=1, ndim=1, flags=0, length=8, aux=0, aux2=0, dims=(2, 0, 0, 0))
+    fields.update(TENSOR_HEADER_LIES[lie])
+    f = fields
+    return _PIECE.pack(f["magic"], f["kind"], f["code"], f["ndim"], f["flags"], f["length"], f["aux"], f["aux2"], *f["dims"])
+
+
+def _hostile_tensor_header(lie, how):
+    """Rank 1 announces a tensor by a lying header; rank 0 must refuse it by name before allocating anything."""
+    header = _lying_tensor_header(lie)
+    if pd.get_rank() == 1:
+        if how == "send":
+            slot = frames.make_slot(header, aux=_TENSOR_MAGIC, size=frames.PAIR_SLOT)
+            dist.send(torch.frombuffer(slot, dtype=torch.uint8).clone(), dst=0)
+        else:  # broadcast's safe mode: a tensor frame, "T" then the header
+            dist.broadcast(torch.frombuffer(frames.make_slot(b"T" + header, size=SLOT), dtype=torch.uint8).clone(), src=1)
+        return None, _usable()
+    if how == "send":
+        return _error_of(lambda: pd.recv(None, src=1)), _usable()
+    return _error_of(lambda: pd.broadcast(None, src=1, safe_mode=True)), _usable()
+
+
+@pytest.mark.parametrize("how", ["broadcast", pytest.param("send", marks=pytest.mark.p2p)])
+@pytest.mark.parametrize("lie", sorted(TENSOR_HEADER_LIES))
+def test_lying_tensor_header_is_refused_by_name(world2, lie, how):
+    (error, after), (_, after_hostile) = world2.run(_hostile_tensor_header, lie, how)
     assert error is not None and error[0] == "ValueError", (lie, error)
     assert "rank 1 sent a malformed header" in error[1], error
     assert after == after_hostile == 2.0

@@ -121,3 +121,32 @@ def test_a_refused_value_is_an_error_on_every_rank_then_the_group_works(
         else:
             assert kind_raised is (TypeError if own_type is TypeError else ValueError), (r, error)
             assert f"rank {bad_rank}" in message, (r, message)
+
+
+def _quantized_header(how):
+    """A tensor whose dtype has no wire code (quantized: its scale would be lost) announced by rank 0's header."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8)
+    r = pd.get_rank()
+    try:
+        if how == "broadcast":
+            pd.broadcast(q if r == 0 else None, src=0, safe_mode=True)
+        else:
+            with pd.set_debug(True):  # debug mode sends the tensor's header first
+                pd.send(q, dst=1) if r == 0 else pd.recv(torch.ones(2), src=0)
+        error = None
+    except TypeError as exc:
+        error = str(exc)
+    return error, pd.all_reduce(r + 1)
+
+
+@pytest.mark.parametrize("how", ["broadcast", pytest.param("send", marks=pytest.mark.p2p)])
+def test_a_tensor_without_a_header_is_an_error_on_every_rank(world2, how):
+    for error, after in world2.run(_quantized_header, how):
+        assert error is not None and "qint8" in error, error
+        assert after == 3

@@ -77,10 +77,14 @@ def test_initialize_rejects_bad_arguments():
 
 
 def test_collective_in_launched_process_without_initialize_errors():
-    code = "import polydist as pd\ntry:\n    pd.all_reduce(1)\nexcept pd.NotInitializedError as e:\n    print('ERR', e)"
+    code = (
+        "import polydist as pd, torch\n"
+        "for call in (lambda: pd.all_reduce(1), lambda: pd.all_gather_tensors_with_shapes(torch.ones(2), [[2]])):\n"
+        "    try:\n        call()\n    except pd.NotInitializedError as e:\n        print('ERR', e)"
+    )
     env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert "ERR this process is rank 1 of 2" in out.stdout and "initialize()" in out.stdout
+    assert out.stdout.count("ERR this process is rank 1 of 2") == 2 and "initialize()" in out.stdout, out
 
 
 # ------------------------------------------------------------ in a polydist world
@@ -164,7 +168,7 @@ def test_multinode_gloo_warns_when_the_host_name_is_loopback(monkeypatch):
 
 def test_ignite_names_serially():
     assert pd.model_name() == "serial" and pd.registered_computation_models() == ["serial", "native-dist"] + (
-        ["xla-dist"] if pd.has_xla_support else []) + (["horovod-dist"] if pd.has_hvd_support else [])
+        ["horovod-dist"] if pd.has_hvd_support else []) + (["xla-dist"] if pd.has_xla_support else [])
     assert pd.has_native_dist_support is True and pd.has_xla_support is (importlib.util.find_spec("torch_xla") is not None)
     assert isinstance(pd.has_hvd_support, bool)
     t = torch.arange(6.0).view(2, 3)
@@ -185,6 +189,22 @@ def _ignite_names_in_group():
     got = pd.all_gather_tensors_with_shapes(mine, [(i + 1, 2) for i in range(n)])
     sub = pd.all_gather_tensors_with_shapes(mine, [(1, 2), (2, 2)], group=[0, 1])
     return pd.model_name(), [t.tolist() for t in got], [t.shape[0] for t in sub]
+
+
+def _shapes_lists_disagree():
+    r, n = pd.get_rank(), pd.get_world_size()
+    mine = torch.zeros(r + 1, 2)
+    listed = [(i + 1, 2) if i == r else (9, 2) for i in range(n)]  # each rank right about itself only
+    with pd.set_debug(True):
+        try:
+            pd.all_gather_tensors_with_shapes(mine, listed)
+        except pd.CollectiveMismatchError as exc:
+            return "all_gather_tensors_with_shapes" in str(exc), pd.all_reduce(1)
+    return False, None
+
+
+def test_ranks_listing_other_shapes_are_a_mismatch_in_debug_mode(world3):
+    assert world3.run(_shapes_lists_disagree) == [(True, 3)] * 3
 
 
 @pytest.mark.subgroups

@@ -10,6 +10,7 @@ membership change: world size 4 again). The job keeps the global batch, so
 it trains the model of a serial run up to rounding.
 
 Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2; skipped otherwise.
+About 100 s on 2 cores: ``make test-heavy`` runs it, ``make test`` skips it.
 """
 
 import contextlib
@@ -106,6 +107,7 @@ def _accuracy(stdout: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(JOB_TIMEOUT_S + 90)
 def test_a_node_leaves_and_another_joins_the_running_job(net, cli_env, tmp_path):
     paths = [str(tmp_path / f"node{i}.pt") for i in range(2)]  # a disk of its own per node

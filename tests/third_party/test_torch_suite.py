@@ -22,10 +22,13 @@ reason, in ``GLOO_ONLY``. A test passes when it passes on every rank; a
 rank that stops making progress for ``STALL`` seconds fails the test it is in
 and the job goes on from the next one.
 
-``make test`` runs all of it (about 3 minutes on 2 cores; tests skipped by a
-decorator of the suite are judged without starting a group). Side-by-side
-counts and every failure: ``python tests/third_party/test_torch_suite.py``
-(``--backend NAME`` and test names to narrow it).
+``make test`` runs the suite on ``mpi`` and ``mpi4py-as-gloo``, polydist's
+own configurations (about 1 minute on 2 cores; tests skipped by a decorator
+of the suite are judged without starting a group); ``make test-heavy`` runs
+all four and checks polydist against gloo side by side (about 3 minutes).
+Side-by-side counts and every failure: ``python
+tests/third_party/test_torch_suite.py`` (``--backend NAME`` and test names to
+narrow it).
 """
 
 from __future__ import annotations
@@ -158,9 +161,9 @@ def _combine(recs: list[dict]) -> tuple[str, str]:
     return "passed", ""
 
 
-def run_all(tests: list[str], root: str) -> dict:
-    """``{config: {test: (outcome, detail)}}`` for gloo, mpi4py, mpi and mpi4py-as-gloo."""
-    out = {backend: run_suite(backend, tests, os.path.join(root, backend)) for backend in BACKENDS}
+def run_all(tests: list[str], root: str, backends: tuple[str, ...] = BACKENDS) -> dict:
+    """``{config: {test: (outcome, detail)}}`` for ``backends`` (gloo, mpi4py, mpi) and mpi4py-as-gloo."""
+    out = {backend: run_suite(backend, tests, os.path.join(root, backend)) for backend in backends}
     reserved = [t for t in tests if t in GLOO_RESERVED]
     if reserved:
         out["mpi4py-as-gloo"] = run_suite("mpi4py", reserved, os.path.join(root, "as-gloo"), rules="gloo")
@@ -180,20 +183,33 @@ def _failures(results: dict) -> dict:
             for name, (outcome, detail) in res.items() if outcome == "failed"}
 
 
-@pytest.mark.timeout(900)
+def _check_polydist(results: dict) -> None:
+    assert _failures(results) == {}
+    # The suite really ran on the MPI rules: profiler-checked collectives, all-to-all, groups.
+    for t in ("test_all_reduce_sum", "test_send_recv_torch_profiler", "test_all_to_all", "test_ddp_logging_data_cpu",
+              "test_all_reduce_group_sum"):
+        assert results["mpi"][t][0] == "passed", t
+    assert all(results["mpi4py-as-gloo"][t][0] == "passed" for t in GLOO_RESERVED)
+
+
+@pytest.mark.timeout(600)
 def test_pytorch_distributed_suite_on_polydist(tmp_path):
+    results = run_all(all_tests(), str(tmp_path), backends=("mpi",))
+    print("\n" + table(results))
+    _check_polydist(results)
+
+
+@pytest.mark.heavy
+@pytest.mark.timeout(900)
+def test_pytorch_distributed_suite_side_by_side_with_gloo(tmp_path):
     tests = all_tests()
     results = run_all(tests, str(tmp_path))
     print("\n" + table(results))
-    assert _failures(results) == {}
+    _check_polydist(results)
     gloo, mpi = results["gloo"], results["mpi"]
     # What gloo passes, polydist passes as "mpi", or as-gloo, or it is listed with its reason.
     assert [t for t in tests if gloo[t][0] == "passed" and mpi[t][0] != "passed"
             and results["mpi4py-as-gloo"].get(t, ("",))[0] != "passed" and t not in GLOO_ONLY] == []
-    # The suite really ran on the MPI rules: profiler-checked collectives, all-to-all, groups.
-    for t in ("test_all_reduce_sum", "test_send_recv_torch_profiler", "test_all_to_all", "test_ddp_logging_data_cpu", "test_all_reduce_group_sum"):
-        assert mpi[t][0] == "passed", t
-    assert all(results["mpi4py-as-gloo"][t][0] == "passed" for t in GLOO_RESERVED)
 
 
 if __name__ == "__main__":

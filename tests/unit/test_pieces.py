@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from polydist.collectives import pieces
+from polydist.collectives import pieces, tensor_header
 from polydist.collectives.pieces import HEADER, Piece, Predictor, plan_of, read, tensor_of
 
 CPU = torch.device("cpu")
@@ -52,6 +52,30 @@ def test_header_claiming_more_dims_than_its_body_holds_is_refused():
     header, body = _received(piece)
     with pytest.raises(ValueError, match="rank 3 sent a malformed header"):
         tensor_of(header, body[:8], "test")
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 2), (1, 2, 3, 4), (2, 1, 3, 1, 2), (1,) * 9 + (3,)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint16, torch.bool, torch.uint4])
+def test_tensor_header_is_the_start_of_the_tensors_piece_and_round_trips(shape, dtype):
+    x = torch.zeros(shape, dtype=torch.uint8).view(dtype) if dtype.itemsize == 1 else torch.zeros(shape, dtype=dtype)
+    data = tensor_header.encode(x)
+    piece = Piece.tensor(x, CPU)
+    whole = piece.header() + pieces.flat_bytes(piece.body).numpy().tobytes()
+    assert whole.startswith(data)  # one header format: the piece's own first bytes
+    assert tensor_header.decode(data, 3, "test") == (dtype, list(shape))
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_tensor_header_of_a_dtype_without_wire_code_is_a_type_error():
+    with pytest.raises(TypeError, match="qint8"):
+        tensor_header.encode(torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8))
+
+
+def test_tensor_header_cut_short_or_of_a_value_is_refused_by_name():
+    data = tensor_header.encode(torch.ones(1, 1, 1, 1, 2, 2))
+    for bad in (data[:40], data[:HEADER], Piece.value(b"x").header()):
+        with pytest.raises(ValueError, match="rank 3 sent a malformed header"):
+            tensor_header.decode(bad, 3, "test")
 
 
 def test_plan_is_cached_by_header_bytes_and_checks_once():

@@ -88,3 +88,70 @@ def test_resolve_and_the_rendezvous_come_from_the_entry(declared):
     hosted = dataclasses.replace(own, name="pdhost", init_url="pdhost://", hosts_rendezvous=lambda info: True)
     declared(hosted)
     assert registry.rendezvous_for(registry.get("gloo"), info) is hosted  # the job's rendezvous comes first
+
+
+def test_the_mover_comes_from_the_entry(declared):
+    from polydist.backends.direct import DirectProcessGroup
+    from polydist.backends.mpi4py import native_mpi_available
+
+    direct_group, torch_group = DirectProcessGroup(0, 1), dist.ProcessGroup(0, 1)
+    assert registry.get("mpi4py").moves_direct(direct_group) and not registry.get("gloo").moves_direct(direct_group)
+    # torch's "mpi" and polydist's stand-in share the name: the entry knows which one this PyTorch has
+    assert registry.get("mpi").mover == (registry.SLOTS if native_mpi_available() else registry.DIRECT)
+    undeclared = declared(registry.Backend("pdgroup"))  # no mover declared: the group's class says
+    assert undeclared.moves_direct(direct_group) and not undeclared.moves_direct(torch_group)
+    wrong = declared(registry.Backend("pdwrong", mover=registry.DIRECT))
+    with pytest.raises(TypeError, match="'pdwrong' declares the direct mover, but its group is a ProcessGroup"):
+        wrong.moves_direct(torch_group)
+
+
+def test_point_to_point_is_refused_from_the_entry_before_anything_is_sent(declared):
+    from polydist.collectives import p2p
+
+    declared(registry.Backend("pdnop2p", point_to_point=False))
+    res = SimpleNamespace(backend="pdnop2p", entry=registry.get("pdnop2p"))
+    for spec, name in ((p2p._SEND, "send"), (p2p._RECV, "recv")):
+        with pytest.raises(NotImplementedError, match=f"^{name}: the pdnop2p backend has no point-to-point"):
+            spec.check(res, torch.ones(1), 1, 0, None)
+        spec.check(SimpleNamespace(backend="gloo", entry=registry.get("gloo")), torch.ones(1), 1, 0, None)
+
+
+def test_a_device_probe_from_the_entry_makes_it_the_default(declared):
+    cuda_default = registry.get("nccl").device_visible() and registry.get("nccl").available()
+    declared(registry.Backend("pdaccel", device="pdaccel", default_for="pdaccel", device_probe=lambda: False))
+    assert registry.default_name() == ("nccl" if cuda_default else "gloo")  # its device is not visible
+    declared(registry.Backend("pdaccel", device="pdaccel", default_for="pdaccel", device_probe=lambda: True))
+    assert registry.default_name() == ("nccl" if cuda_default else "pdaccel")
+    assert registry.get("gloo").device_visible()  # cpu and cuda as before
+
+
+def test_idist_model_names_come_from_the_entries_that_can_run(declared):
+    assert registry.model_names()[0] == "native-dist"
+    assert polydist.registered_computation_models() == ["serial", *registry.model_names()]
+    assert polydist.has_hvd_support == ("horovod-dist" in registry.model_names())
+    declared(registry.Backend("pdmodel", model_name="pdmodel-dist"))
+    declared(registry.Backend("pdabsent", model_name="pdabsent-dist", register=lambda: False))  # not installed
+    assert "pdmodel-dist" in registry.model_names() and "pdabsent-dist" not in registry.model_names()
+
+
+def test_core_modules_name_no_backend():
+    """Issue 32's count: no backend name as a string literal (docstrings aside) in the top-level modules and
+    collectives/, where the registry is asked instead; launcher detection and the private-API wrapper aside."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(polydist.__file__).parent
+    aside = {"environment.py", "_launchers.py", "_torch.py"}  # launcher names ("mpi", "horovod"), torch's own
+    names = set(registry.names()) | {"xla", "xla-tpu"}
+    found = []
+    for path in sorted([*root.glob("*.py"), *(root / "collectives").glob("*.py")]):
+        if path.name in aside:
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        found += [f"{path.name}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                  and n.value.lower() in names]
+    assert found == []

@@ -1,9 +1,21 @@
 """What polydist's ProcessGroups written in Python (mpi4py, horovod) share.
 
 A name under which torch registers the group, one :class:`~polydist.backends.work.Lane`
-that runs the group's operations in call order, the operations torch asks
-for that are compositions of others (the coalesced and list forms), and
+that runs the group's operations in call order, the checks of every call's
+arguments (raised by the call, before anything is queued or sent), every
+operation that is the same algorithm on any transport, the operations torch
+asks for that are compositions of others (the coalesced and list forms), and
 torch's other names for the same operations (``_allgather_base``, ...).
+
+A group adds its transport: the reductions (``_reduce_plan``, ``_reduce_now``,
+``reduce``, ``reduce_scatter_single``'s body) and five moves of contiguous
+buffers, each on the lane, by bytes, whatever the dtype:
+``_broadcast_now(c, root)``, ``_allgather_into(dst, src)`` (``dst`` holds every
+rank's ``src`` in rank order), ``_gather_into(dst, src, root)`` (``dst`` None
+off the root), ``_scatter_from(src, dst, root)`` (``src`` None off the root)
+and ``_alltoall_into(dst, src, send, recv, even)`` (byte counts per group rank;
+``even``: torch's equal split), plus ``_barrier_now()``, point-to-point and the
+direct piece exchanges of :class:`~polydist.backends.direct.DirectProcessGroup`.
 """
 
 from __future__ import annotations
@@ -11,11 +23,13 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
 from .direct import DirectProcessGroup
+from .tensors import Contiguous, byte_counts, bytes_of, unflatten
 from .work import Lane, LaneWork
 
-__all__ = ["PythonProcessGroup", "NoPointToPoint", "opt"]
+__all__ = ["PythonProcessGroup", "NoPointToPoint", "opt", "check_cpu"]
 
 
 def opt(opts: Any, name: str, default: Any) -> Any:
@@ -23,8 +37,27 @@ def opt(opts: Any, name: str, default: Any) -> Any:
     return default if opts is None else getattr(opts, name, default)
 
 
+def check_cpu(t: torch.Tensor, backend: str, why: str = "") -> None:
+    """Raise ``ValueError`` naming ``t``'s device unless it is the CPU (``why``: the backend's reason, if any)."""
+    if t.device.type != "cpu":
+        raise ValueError(
+            f"the {backend} backend moves CPU tensors only{why}, got a tensor on {t.device}; "
+            "use nccl for CUDA tensors or copy to the CPU"
+        )
+
+
 class PythonProcessGroup(DirectProcessGroup):
-    """The base of the mpi4py and horovod groups; ``backend`` is the name ``getBackendName()`` gives."""
+    """The base of the mpi4py and horovod groups; ``backend`` is the name ``getBackendName()`` gives.
+
+    Argument errors are ``ValueError`` (``TypeError`` for an op undefined on a
+    dtype), raised by the call on the rank that made it, before anything is
+    sent. The list forms follow torch's rule (``ProcessGroupMPI``'s
+    ``checkSameSizeAndType``): one tensor per group rank, each of the other
+    side's dtype and number of elements; gloo raises ``RuntimeError`` for the
+    same mistakes and also asks for the same shape.
+    """
+
+    CPU_ONLY_WHY = ""  # a group's reason for moving CPU tensors only, said in the error
 
     def __init__(self, rank: int, size: int, backend: str) -> None:
         super().__init__(rank, size)
@@ -59,7 +92,235 @@ class PythonProcessGroup(DirectProcessGroup):
 
         return self._run("coalesced", body, result, opts, ())
 
-    # ------------------------------------------------------------ compositions (the subclasses define the *_single)
+    # ------------------------------------------------------------ argument checks
+
+    def _cpu(self, *tensors: torch.Tensor) -> None:
+        for t in tensors:
+            check_cpu(t, self._backend, self.CPU_ONLY_WHY)
+
+    def _like(self, what: str, name: str, index: int, t: torch.Tensor, like: torch.Tensor, like_name: str) -> None:
+        """``t`` must have ``like``'s dtype and number of elements (torch's rule for the list forms); on the CPU."""
+        if t.dtype != like.dtype or t.numel() != like.numel():
+            raise ValueError(
+                f"{what}: invalid {name} tensor at index {index} (expected {like.dtype} of {like.numel()} elements "
+                f"as the {like_name}, got {t.dtype} of {t.numel()})"
+            )
+        self._cpu(t)
+
+    def _per_rank(self, what: str, name: str, tensors: Sequence[torch.Tensor]) -> None:
+        """``tensors``: one per group rank."""
+        if len(tensors) != self.size():
+            raise ValueError(
+                f"{what}: invalid {name} tensor list (expected length {self.size()}, one per group rank, got {len(tensors)})"
+            )
+
+    def _one_per_rank(self, what: str, name: str, tensors: Sequence[torch.Tensor], like: torch.Tensor, like_name: str) -> None:
+        """``tensors``: one per group rank, each like ``like``."""
+        self._per_rank(what, name, tensors)
+        for i, t in enumerate(tensors):
+            self._like(what, name, i, t, like, like_name)
+
+    def _plans(self, tensors: Sequence[torch.Tensor], op: Any) -> list:
+        """The group's reduction plan of each tensor; the op x dtype and device checks."""
+        plans = [self._reduce_plan(t, op) for t in tensors]
+        self._cpu(*tensors)
+        return plans
+
+    # ------------------------------------------------------------ reductions (the transport in _reduce_now)
+
+    def _reduce_plan(self, t: torch.Tensor, op: Any) -> Any:
+        """How the group reduces ``t`` under ``op``; raises for an op undefined on the dtype."""
+        raise NotImplementedError
+
+    def _reduce_now(self, c: torch.Tensor, plan: Any) -> None:
+        """All-reduce contiguous ``c`` in place (on the lane)."""
+        raise NotImplementedError
+
+    def _reduce_into(self, t: torch.Tensor, plan: Any) -> None:
+        with Contiguous(t) as c:
+            self._reduce_now(c, plan)
+
+    def allreduce(self, tensors: list, opts: Any = None) -> LaneWork:
+        plans = self._plans(tensors, opt(opts, "reduceOp", dist.ReduceOp.SUM))
+
+        def body() -> None:
+            for t, plan in zip(tensors, plans):
+                self._reduce_into(t, plan)
+
+        return self._run("all_reduce", body, tensors, opts, tensors)
+
+    def allreduce_tensor(self, t: torch.Tensor, op: Any = "SUM") -> torch.Tensor:
+        plan = self._plans([t], op)[0]
+        self._lane.call(lambda: self._reduce_into(t, plan), "all_reduce", [t])
+        return t
+
+    def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
+        raise NotImplementedError
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
+        size = self.size()
+        if input.numel() != output.numel() * size:
+            raise ValueError(
+                f"reduce_scatter: input has {input.numel()} elements, need output's {output.numel()} x group size {size}"
+            )
+        if input.dtype != output.dtype:
+            raise ValueError(f"reduce_scatter: input dtype {input.dtype} differs from output dtype {output.dtype}")
+        plan = self._plans([input], opt(opts, "reduceOp", dist.ReduceOp.SUM))[0]
+        self._cpu(output)
+        return self._run("reduce_scatter_tensor", lambda: self._reduce_scatter_now(output, input, plan), output, opts, [input])
+
+    def _reduce_scatter_now(self, output: torch.Tensor, input: torch.Tensor, plan: Any) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ data movement (the transport in the _*_now/_into)
+
+    def broadcast(self, tensors: list, opts: Any = None) -> LaneWork:
+        root = opt(opts, "rootRank", 0)
+        self._cpu(*tensors)
+        here = self.rank() == root
+
+        def body() -> None:
+            for t in tensors:
+                with Contiguous(t, write_back=not here) as c:
+                    self._broadcast_now(c, root)
+
+        return self._run("broadcast", body, tensors, opts, tensors)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
+        size = self.size()
+        if output.nbytes != input.nbytes * size:
+            raise ValueError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {size}")
+        self._cpu(input, output)
+
+        def body() -> None:
+            with Contiguous(input, write_back=False) as src, Contiguous(output) as dst:
+                self._allgather_into(dst, src)
+
+        return self._run("all_gather_into_tensor", body, output, opts, [input])
+
+    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
+        """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
+        for outs, inp in zip(output_lists, inputs):
+            self._cpu(inp)
+            self._one_per_rank("all_gather", "output", outs, inp, "input")
+
+        def body() -> None:
+            for outs, inp in zip(output_lists, inputs):
+                self._gather_list(outs, inp, None)
+
+        return self._run("all_gather", body, output_lists, opts, inputs)
+
+    def _gather_list(self, outs: list, inp: torch.Tensor, root: Any) -> None:
+        """Every rank's ``inp`` into ``outs`` (rank order): all ranks' when ``root`` is None, else root's only."""
+        flat = torch.empty(inp.nbytes * self.size(), dtype=torch.uint8) if root in (None, self.rank()) else None
+        with Contiguous(inp, write_back=False) as src:
+            if root is None:
+                self._allgather_into(flat, src)
+            else:
+                self._gather_into(flat, src, root)
+        if flat is not None:
+            unflatten(flat, outs, by_bytes=True)
+
+    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
+        """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``), in one all-gather."""
+        size = self.size()
+        if len(output_lists) != size or any(len(outs) != len(inputs) for outs in output_lists):
+            raise ValueError(
+                f"all_gather_coalesced: need {size} output lists (one per rank) of {len(inputs)} tensors each, "
+                f"got {[len(outs) for outs in output_lists]}"
+            )
+        self._cpu(*inputs)
+        for outs in output_lists:
+            for i, (out, inp) in enumerate(zip(outs, inputs)):
+                self._like("all_gather_coalesced", "output", i, out, inp, "input")
+
+        def body() -> None:
+            src = torch.cat([bytes_of(t.contiguous()) for t in inputs]) if inputs else torch.empty(0, dtype=torch.uint8)
+            flat = torch.empty(src.numel() * size, dtype=torch.uint8)
+            self._allgather_into(flat, src)
+            for r, outs in enumerate(output_lists):
+                unflatten(flat[r * src.numel() : (r + 1) * src.numel()], outs, by_bytes=True)
+
+        return self._run("all_gather_coalesced", body, output_lists, opts, inputs)
+
+    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
+        root = opt(opts, "rootRank", 0)
+        self._cpu(inputs[0])
+        if self.rank() == root:
+            self._one_per_rank("gather", "output", output_lists[0], inputs[0], "input")
+        outs = output_lists[0] if self.rank() == root else []
+        return self._run("gather", lambda: self._gather_list(outs, inputs[0], root), output_lists, opts, inputs)
+
+    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
+        root = opt(opts, "rootRank", 0)
+        here = self.rank() == root
+        self._cpu(outputs[0])
+        if here:
+            self._one_per_rank("scatter", "input", input_lists[0], outputs[0], "output")
+
+        def body() -> None:
+            with Contiguous(outputs[0]) as dst:
+                src = torch.cat([bytes_of(t.contiguous()) for t in input_lists[0]]) if here else None
+                self._scatter_from(src, dst, root)
+
+        return self._run("scatter", body, outputs, opts, input_lists[0] if here else outputs)
+
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int], opts: Any = None,
+    ) -> LaneWork:  # fmt: skip
+        """torch's rule: with no split sizes, dim 0 splits evenly and both sides hold the same bytes."""
+        size = self.size()
+        self._cpu(input, output)
+        even = not output_split_sizes and not input_split_sizes
+        if even and input.nbytes != output.nbytes:
+            raise ValueError(f"all_to_all_single: input ({input.nbytes} B) and output ({output.nbytes} B) must be equal")
+        send = byte_counts(input, input_split_sizes, size, "input")
+        recv = byte_counts(output, output_split_sizes, size, "output")
+
+        def body() -> None:
+            with Contiguous(input, write_back=False) as src, Contiguous(output) as dst:
+                self._alltoall_into(dst, src, send, recv, even)
+
+        return self._run("all_to_all", body, output, opts, [input])
+
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
+        self._cpu(*inputs, *outputs)
+        self._per_rank("all_to_all", "input", inputs)  # the sizes may differ: each pair of ranks agrees on its own
+        self._per_rank("all_to_all", "output", outputs)
+        send = [t.nbytes for t in inputs]
+        recv = [t.nbytes for t in outputs]
+
+        def body() -> None:
+            src = torch.cat([bytes_of(t.contiguous()) for t in inputs])
+            dst = torch.empty(sum(recv), dtype=torch.uint8)
+            self._alltoall_into(dst, src, send, recv, False)
+            unflatten(dst, outputs, by_bytes=True)
+
+        return self._run("all_to_all", body, outputs, opts, inputs)
+
+    def barrier(self, opts: Any = None) -> LaneWork:
+        return self._run("barrier", self._barrier_now, None, opts, ())
+
+    def _broadcast_now(self, c: torch.Tensor, root: int) -> None:
+        raise NotImplementedError
+
+    def _allgather_into(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _gather_into(self, dst: Any, src: torch.Tensor, root: int) -> None:
+        raise NotImplementedError
+
+    def _scatter_from(self, src: Any, dst: torch.Tensor, root: int) -> None:
+        raise NotImplementedError
+
+    def _alltoall_into(self, dst: torch.Tensor, src: torch.Tensor, send: list, recv: list, even: bool) -> None:
+        raise NotImplementedError
+
+    def _barrier_now(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ compositions
 
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
         works = [self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts) for out, ins in zip(outputs, input_lists)]
@@ -77,15 +338,6 @@ class PythonProcessGroup(DirectProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         return self.all_gather_single_coalesced(outputs, inputs, opts)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
-        raise NotImplementedError
-
-    def all_to_all_single(
-        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
-        input_split_sizes: Sequence[int], opts: Any = None,
-    ) -> LaneWork:  # fmt: skip
-        raise NotImplementedError
-
     # ------------------------------------------------------------ torch's other names for the same operations
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
@@ -99,9 +351,6 @@ class PythonProcessGroup(DirectProcessGroup):
         input_split_sizes: Sequence[int], opts: Any = None,
     ) -> LaneWork:  # fmt: skip
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
-
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
-        raise NotImplementedError
 
 
 class NoPointToPoint:

@@ -19,11 +19,16 @@ import torch
 import torch.distributed as dist
 
 from .. import ops
+from .direct import DirectProcessGroup
 
 __all__ = [
     "Backend", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
-    "register_all", "adopt_any", "registrar",
+    "register_all", "model_names", "DIRECT", "SLOTS", "adopt_any", "registrar",
 ]
+
+# How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
+DIRECT = "direct"  # the group's own blocking calls, past torch's dispatch (a DirectProcessGroup: the Python groups)
+SLOTS = "slots"  # torch.distributed calls, the predicted-slot protocol (collectives/slots.py)
 
 
 def _always() -> bool:
@@ -68,6 +73,12 @@ class Backend:
             launcher announced, or None when it has nothing special to say.
         register: registers it with torch.distributed (backend name, init method) where it can run;
             False where it cannot (not installed). Called when polydist is imported (:func:`register_all`).
+        mover: how polydist's collectives move its groups' bytes: :data:`DIRECT` (the group's direct calls:
+            it must be a :class:`~polydist.backends.direct.DirectProcessGroup`) or :data:`SLOTS`; None: by the
+            group (a DirectProcessGroup gets its direct calls, any other the slots). See :meth:`moves_direct`.
+        device_probe: whether this process sees a device of :attr:`device`'s type, where torch's CUDA query
+            cannot tell (an XLA device: ``torch_xla`` says); None: cpu always, cuda when
+            ``torch.cuda.is_available()`` (:meth:`device_visible`).
         compute_device: the device :func:`polydist.device` gives on it, where that is not :meth:`comm_device`
             (XLA: ``torch_xla.device()``, its byte buffers staying on the CPU); None: :meth:`comm_device`.
         start_processes: ``(work, nproc_per_node, nnodes)``, how :func:`polydist.spawn` starts this backend's
@@ -105,6 +116,8 @@ class Backend:
     reductions: Optional[ops.Reductions] = None
     launch_advice: Optional[Callable[[Any, str], Optional[str]]] = None
     register: Callable[[], bool] = _always
+    mover: Optional[str] = None
+    device_probe: Optional[Callable[[], bool]] = None
     compute_device: Optional[Callable[[], torch.device]] = None
     start_processes: Optional[Callable[[Callable[[], Any], int, int], list]] = None
     training_at_every_size: bool = False
@@ -119,8 +132,23 @@ class Backend:
         return torch.device(self.device)
 
     def device_visible(self) -> bool:
-        """Whether this process sees a device of :attr:`device`'s type."""
+        """Whether this process sees a device of :attr:`device`'s type (:attr:`device_probe` where declared)."""
+        if self.device_probe is not None:
+            return bool(self.device_probe())
         return self.device == "cpu" or (self.device == "cuda" and torch.cuda.is_available())
+
+    def moves_direct(self, group: Any) -> bool:
+        """Whether polydist's collectives call ``group``'s direct calls (:attr:`mover`), not torch.distributed's.
+
+        Asked once per group and world (:class:`polydist.groups.Resolved`). Raises ``TypeError`` where the
+        entry declares :data:`DIRECT` for a group that has no direct calls.
+        """
+        if self.mover is None:
+            return isinstance(group, DirectProcessGroup)
+        if self.mover == DIRECT and not isinstance(group, DirectProcessGroup):
+            raise TypeError(f"backend {self.name!r} declares the direct mover, but its group is a "
+                            f"{type(group).__name__}, not a DirectProcessGroup")
+        return self.mover == DIRECT
 
 
 _ENTRIES: dict[str, Backend] = {}
@@ -148,6 +176,13 @@ def names() -> tuple[str, ...]:
 def by_init_url(url: Optional[str]) -> Optional[Backend]:
     """The backend whose ranks meet by init method ``url``, if one declared it."""
     return next((e for e in _ENTRIES.values() if url is not None and e.init_url == url), None)
+
+
+def model_names() -> tuple[str, ...]:
+    """idist's names of the computation models the declared backends that can run here give, once each, in
+    declaration order (``"native-dist"``, then e.g. ``"horovod-dist"`` where Horovod is installed)."""
+    usable = (e for e in _ENTRIES.values() if (e.available() if e.builtin else e.register()))
+    return tuple(dict.fromkeys(e.model_name for e in usable))
 
 
 def register_all() -> None:
@@ -224,6 +259,7 @@ MPI_DTYPES = frozenset(_FLOATS | _COMPLEX | UNSIGNED_WIDE | {torch.int8, torch.u
 # "Invalid scalar type" under every op (measured on torch 2.13: all_reduce, reduce, reduce_scatter).
 GLOO = declare(Backend(
     "gloo", builtin=True, available=lambda: dist.is_gloo_available(), default_for="cpu", offers_host_address=True,
+    mover=SLOTS,
     reductions=ops.Reductions(
         "gloo", frozenset(_FLOATS | _COMPLEX | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}),
         source="torch's ProcessGroupGloo.cpp (GENERATE_ALL_TYPES); measured on torch 2.13",
@@ -235,7 +271,7 @@ _FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.
 _NCCL_DTYPES = frozenset(_FLOATS | _COMPLEX | _FLOAT8 | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool})
 NCCL = declare(Backend(
     "nccl", builtin=True, available=lambda: dist.is_nccl_available() and torch.cuda.is_available(), device="cuda",
-    default_for="cuda", reduce_keeps_input=True, native_avg=True,
+    default_for="cuda", reduce_keeps_input=True, native_avg=True, mover=SLOTS,
     reductions=ops.Reductions(
         "nccl", _NCCL_DTYPES, refused={op: _NCCL_DTYPES for op in ("AND", "OR", "XOR")},
         source="torch's ProcessGroupNCCL (ncclDataType, ncclOp); NCCL's docs (ncclDataType_t, ncclRedOp_t)",

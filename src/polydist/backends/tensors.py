@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["unflatten", "byte_counts", "overlaps", "apart", "own_slot", "reduce_rows", "check_outputs"]
+__all__ = ["unflatten", "byte_counts", "overlaps", "apart", "own_slot", "Contiguous", "bytes_of", "reduce_rows", "check_outputs"]
 
 
 def unflatten(flat: torch.Tensor, outs: list, by_bytes: bool = False) -> None:
@@ -67,6 +67,33 @@ def own_slot(inp: torch.Tensor, out: torch.Tensor, rank: int) -> bool:
         inp.numel() > 0 and inp.is_contiguous() and out.is_contiguous()
         and inp.data_ptr() == out.data_ptr() + rank * inp.nbytes
     )  # fmt: skip
+
+
+class Contiguous:
+    """``with Contiguous(t) as c``: ``t`` as a contiguous tensor to hand to a transport, copied back on exit.
+
+    Contiguous tensors are used as they are; others go through a copy, as gloo
+    does for the non-contiguous tensors it accepts. The copy back happens only
+    when ``write_back`` and the block raised nothing.
+    """
+
+    __slots__ = ("t", "c", "write_back")
+
+    def __init__(self, t: torch.Tensor, write_back: bool = True) -> None:
+        self.t, self.write_back = t, write_back
+        self.c = t if t.is_contiguous() else t.contiguous()
+
+    def __enter__(self) -> torch.Tensor:
+        return self.c
+
+    def __exit__(self, *exc: object) -> None:
+        if self.write_back and self.c is not self.t and exc[0] is None:
+            self.t.copy_(self.c)
+
+
+def bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous ``t``'s memory as a flat uint8 tensor (a view; a new empty one when ``t`` has no elements)."""
+    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
 
 
 # ---------------------------------------------------------------- reductions done locally, outputs checked

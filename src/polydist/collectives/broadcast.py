@@ -17,9 +17,8 @@ import torch.distributed as dist
 from .. import codec
 from ..context import device
 from ..groups import GroupLike, Resolved
-from . import frames
+from . import frames, tensor_header
 from .debug import describe_tensor
-from .layout import read_meta, tensor_meta
 from .pipeline import Collective, contiguous, done, finish
 
 __all__ = ["broadcast", "barrier"]
@@ -136,12 +135,15 @@ def _copy_back(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def _framed_broadcast(x: Any, src: int, res: Resolved, async_op: bool, allow_pickle: Optional[bool]) -> Any:
-    """Broadcast with a leading frame saying what follows: a tensor's dtype/shape, or a value."""
+    """Broadcast with a leading frame saying what follows: a tensor's header (:mod:`.tensor_header`), or a value."""
     is_src = res.rank == src
     frame = None
     if is_src:
         if isinstance(x, torch.Tensor):
-            frame = _TENSOR_FRAME + tensor_meta(x)
+            try:
+                frame = _TENSOR_FRAME + tensor_header.encode(x)
+            except TypeError as exc:  # a dtype with no wire code: every rank raises, none waits for the elements
+                frame = frames.Failure(exc)
         else:
             frame = frames.encode(x, allow_pickle)
             if isinstance(frame, bytes):
@@ -149,8 +151,9 @@ def _framed_broadcast(x: Any, src: int, res: Resolved, async_op: bool, allow_pic
     got = frames.broadcast_bytes(frame, src, res)
     if got[:1] == _VALUE_FRAME:
         return done(x if is_src else frames.decode_from(got[1:], src, "broadcast", device(), allow_pickle), async_op)
-    dtype_name, shape = read_meta(got[1:], src, "broadcast")
-    dtype = codec.torch_dtype(dtype_name)
+    if got[:1] != _TENSOR_FRAME:
+        raise ValueError(f"broadcast: rank {src} sent a frame that is neither a value nor a tensor header")
+    dtype, shape = tensor_header.decode(got[1:], src, "broadcast")
     if is_src or (isinstance(x, torch.Tensor) and x.dtype == dtype and list(x.shape) == shape):
         target = x
     else:

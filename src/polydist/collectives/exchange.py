@@ -4,10 +4,12 @@ Each function takes this rank's piece(s) and returns what arrived as a
 :class:`~polydist.collectives.mover.Received`: the checked headers (a cached
 :class:`~polydist.collectives.pieces.Plan`) and the bodies, flat uint8
 tensors of exactly each header's length. The group's mover does the moving,
-chosen once per resolved group (the same on every rank): the
+chosen once per resolved group (the same on every rank) by its backend's
+registry entry (:attr:`Backend.mover <polydist.backends.registry.Backend.mover>`,
+read into :attr:`Resolved.direct <polydist.groups.Resolved>`): the
 :class:`~polydist.collectives.mover.DirectMover` for polydist's Python
-groups (mpi4py, horovod), the :class:`~polydist.collectives.slots.SlotMover`
-for every other backend.
+groups (mpi4py, horovod, the ``mpi`` stand-in), the
+:class:`~polydist.collectives.slots.SlotMover` for every other backend.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ __all__ = ["Received", "mover", "all_gather_pieces", "gather_pieces", "scatter_p
 
 
 def mover(res: Resolved) -> Mover:
-    """The group's mover, chosen on first use and kept on ``res``."""
+    """The group's mover, chosen on first use (by ``res.direct``, which its registry entry decided), kept on ``res``."""
     m = res.mover
     if m is None:
         m = res.mover = DirectMover(res.direct) if res.direct is not None else SLOTS

@@ -21,8 +21,7 @@ from . import frames
 from .exchange import Received, all_gather_pieces, gather_pieces, joined
 from .pieces import TENSOR, Header, Piece, raise_failures, tensor_of
 from .pipeline import Collective, done
-from ..context import world
-from ..groups import GroupLike, Resolved, resolve
+from ..groups import GroupLike, Resolved
 from .debug import describe_tensor
 
 __all__ = ["all_gather", "all_gather_tensors_with_shapes", "gather"]
@@ -206,8 +205,8 @@ def all_gather_tensors_with_shapes(tensor: torch.Tensor, shapes: Sequence[Sequen
 
     Returns:
         ``list[Tensor]`` in group-rank order, each of its shape (views into
-        one receive buffer); ``[tensor]`` on a rank outside ``group`` and
-        when serial.
+        one receive buffer); ``[tensor]`` on a rank outside ``group`` (a
+        no-op, warned once, as every collective) and when serial.
 
     Raises:
         TypeError: ``tensor`` is not a tensor, or ``shapes`` not a sequence
@@ -215,6 +214,15 @@ def all_gather_tensors_with_shapes(tensor: torch.Tensor, shapes: Sequence[Sequen
         ValueError: ``len(shapes)`` is not the group size, or this rank's
             entry is not ``tensor.shape`` (both before communicating); a
             rank's tensor arrived with another shape than listed.
+        NotInitializedError: a launcher started several processes but no
+            process group exists yet.
+        CollectiveMismatchError: in debug mode, ranks passed different
+            ``shapes``.
+
+    It takes the one path of every collective
+    (:mod:`~polydist.collectives.pipeline`): numbered, recorded by the flight
+    recorder (as an ``all_gather``), fingerprinted in debug mode and named on
+    a timeout, as one call.
 
     Source: ``ignite.distributed.all_gather_tensors_with_shapes``, which pads
     to the largest shape and needs the same number of dims on every rank;
@@ -224,28 +232,46 @@ def all_gather_tensors_with_shapes(tensor: torch.Tensor, shapes: Sequence[Sequen
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"all_gather_tensors_with_shapes takes a tensor, got {type(tensor).__name__}")
     try:
-        listed = [tuple(int(d) for d in s) for s in shapes]
+        listed = tuple(tuple(int(d) for d in s) for s in shapes)
     except TypeError:
         raise TypeError(f"shapes must be a sequence of int sequences, got {reprlib.repr(shapes)}") from None
-    state = world()
-    res = resolve(state, group) if state is not None else None
-    size, me = (res.size, res.group_rank) if res is not None else (1, 0)
-    if state is not None and res is None:
-        return [tensor]  # not a member: as ignite
+    # The input as a list of one: what a rank outside the group gets back (the pipeline echoes it), as ignite.
+    return _WITH_SHAPES.run(group, None, False, [tensor], listed)
+
+
+def _check_listed(size: int, me: int, x: torch.Tensor, listed: tuple) -> None:
     if len(listed) != size:
         raise ValueError(f"all_gather_tensors_with_shapes: {len(listed)} shapes for a group of {size} ranks")
-    if listed[me] != tuple(tensor.shape):
+    if listed[me] != tuple(x.shape):
         raise ValueError(
-            f"all_gather_tensors_with_shapes: this rank's tensor has shape {list(tensor.shape)}, "
+            f"all_gather_tensors_with_shapes: this rank's tensor has shape {list(x.shape)}, "
             f"but shapes[{me}] is {list(listed[me])}"
         )
-    if res is None:
-        return [tensor]
-    out = all_gather(tensor, group, concat=False)
+
+
+def _with_shapes_serial(xs: list, listed: tuple) -> list:
+    _check_listed(1, 0, xs[0], listed)
+    return xs
+
+
+def _with_shapes_fingerprint(xs: list, listed: tuple) -> tuple:
+    return (listed,), f"all_gather_tensors_with_shapes({_debug_kind(xs[0])}, shapes={[list(s) for s in listed]})"
+
+
+def _with_shapes_body(res: Resolved, xs: list, listed: tuple, async_op: bool) -> list:
+    out = _all_gather_body(res, xs[0], False, None, False)
     wrong = [(r, list(t.shape), list(s)) for r, t, s in zip(res.ranks, out, listed) if tuple(t.shape) != s]
     if wrong:
         raise ValueError(f"all_gather_tensors_with_shapes: tensors arrived with other shapes than listed: {wrong}")
     return out
+
+
+# Recorded and numbered as the all_gather it is on the wire (the trace tools and the export to PyTorch's
+# Flight Recorder format know that name); debug mode's fingerprint still names the call.
+_WITH_SHAPES = Collective(
+    "all_gather", _with_shapes_body, _with_shapes_serial, _with_shapes_fingerprint,
+    check=lambda res, xs, listed: _check_listed(res.size, res.group_rank, xs[0], listed),
+)
 
 
 # ---------------------------------------------------------------- gather

@@ -6,7 +6,8 @@ travels as a *frame*: a 2 KiB slot (see :mod:`polydist.collectives.frames`) mark
 a magic number, followed by a body only when the encoded value exceeds 2032
 bytes; ``recv(None, src)`` returns it. A receiver that expects a value but
 gets something else raises instead of misreading it. In debug mode a tensor
-is preceded by a header slot with its dtype and shape, so a receiver whose
+is preceded by a frame holding its header (:mod:`~polydist.collectives.tensor_header`:
+pieces' header of its dtype and shape), so a receiver whose
 tensor does not match raises :class:`~polydist.CollectiveMismatchError` (after
 draining the message, so the pair stays usable).
 
@@ -17,16 +18,14 @@ and ``dst`` are global ranks, ``tag`` matches sends to receives.
 from __future__ import annotations
 
 import reprlib
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-from .. import codec
 from ..settings import is_debug
-from . import frames
+from . import frames, tensor_header
 from .debug import describe_tensor
-from .layout import read_meta, tensor_meta
 from .pipeline import Collective, contiguous
 from ..context import device
 from ..errors import CollectiveMismatchError
@@ -43,6 +42,19 @@ def _check_tag(tag: Any) -> int:
     if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0:
         raise ValueError(f"tag must be a non-negative int, got {tag!r}")
     return tag
+
+
+def _peer_calls(name: str) -> Callable[..., None]:
+    """The group check of ``name``: its backend must have point-to-point (its registry entry's ``point_to_point``)."""
+
+    def check(res: Resolved, *args: Any) -> None:
+        if not res.entry.point_to_point:
+            raise NotImplementedError(
+                f"{name}: the {res.backend} backend has no point-to-point operations; use a collective "
+                "(broadcast, scatter, all_to_all) or a backend that has them"
+            )
+
+    return check
 
 
 def _bytes_tensor(data: bytearray, res: Resolved) -> torch.Tensor:
@@ -77,8 +89,14 @@ def _post_send(x: Any, dst: int, res: Resolved, tag: int, allow_pickle: Optional
     if isinstance(x, torch.Tensor):
         works = []
         if is_debug():
-            header = tensor_meta(x)
+            try:
+                header: frames.Payload = tensor_header.encode(x)
+            except TypeError as exc:  # a dtype with no wire code: the receiver is told instead of waiting
+                header = frames.Failure(exc)
             works.append(dist.isend(_bytes_tensor(frames.make_slot(header, _TENSOR_MAGIC), res), dst, res.pg, tag))
+            if isinstance(header, frames.Failure):
+                works[0].wait()
+                raise header.error
         return [*works, dist.isend(_on_comm_device(x, res), dst, res.pg, tag)]
     payload = frames.encode(x, allow_pickle)
     slot = _bytes_tensor(frames.make_slot(payload, _VALUE_MAGIC), res)
@@ -129,6 +147,8 @@ def send(tensor: Any, dst: int, group: GroupLike = None, tag: int = 0, *, allow_
         ValueError: a value the codec refuses otherwise (depth, text UTF-8
             cannot encode): the receiver raises ``ValueError`` naming this
             rank and the reason.
+        NotImplementedError: the group's backend has no point-to-point
+            (horovod), before anything is sent.
 
     Source: ``torch.distributed.send``.
     """
@@ -177,7 +197,7 @@ def _send_body(res: Resolved, x: Any, dst: int, tag: int, allow_pickle: Optional
     return None
 
 
-_SEND = Collective("send", _send_body, None, None, root="dst", peer=True, echo=False)
+_SEND = Collective("send", _send_body, None, None, root="dst", peer=True, echo=False, check=_peer_calls("send"))
 
 
 # ---------------------------------------------------------------- receiving
@@ -202,11 +222,11 @@ def _read_value(slot: torch.Tensor, src: int, res: Resolved, tag: int, allow_pic
     if frames.slot_aux(raw) not in (_TENSOR_MAGIC, _VALUE_MAGIC):
         raise _frame_error(src, res, "a value", "data that is not a polydist value frame (a raw tensor?)")
     length, magic, body = frames.read_slot(raw, src, "recv")
-    if magic == _TENSOR_MAGIC:
-        dtype_name, shape = read_meta(body, src, "recv")
-        _drain_tensor(dtype_name, shape, src, res, tag)
-        raise _frame_error(src, res, "a value", f"a tensor {dtype_name}{list(shape)}")
     frames.raise_failures([(length, magic, body)], [src], "recv", None)
+    if magic == _TENSOR_MAGIC:
+        dtype, shape = tensor_header.decode(body, src, "recv")
+        _drain_tensor(dtype, shape, src, res, tag)
+        raise _frame_error(src, res, "a value", f"a tensor {describe_tensor(dtype, shape)}")
     if length > frames.inline_size(frames.PAIR_SLOT):
         data = _empty(length, res)
         dist.recv(data, src, res.pg, tag)
@@ -214,8 +234,8 @@ def _read_value(slot: torch.Tensor, src: int, res: Resolved, tag: int, allow_pic
     return frames.decode_from(body, src, "recv", device(), allow_pickle)
 
 
-def _drain_tensor(dtype_name: str, shape: list, src: int, res: Resolved, tag: int) -> None:
-    dist.recv(torch.empty(shape, dtype=codec.torch_dtype(dtype_name), device=res.device), src, res.pg, tag)
+def _drain_tensor(dtype: torch.dtype, shape: list, src: int, res: Resolved, tag: int) -> None:
+    dist.recv(torch.empty(shape, dtype=dtype, device=res.device), src, res.pg, tag)
 
 
 def _check_header(slot: torch.Tensor, x: torch.Tensor, src: int, res: Resolved, tag: int) -> None:
@@ -226,11 +246,11 @@ def _check_header(slot: torch.Tensor, x: torch.Tensor, src: int, res: Resolved, 
         if length > frames.inline_size(frames.PAIR_SLOT):
             dist.recv(_empty(length, res), src, res.pg, tag)
         raise _frame_error(src, res, f"a tensor {mine}", "a value")
-    dtype_name, shape = read_meta(body, src, "recv")
-    if dtype_name != codec.dtype_name(x.dtype) or list(shape) != list(x.shape):
-        _drain_tensor(dtype_name, shape, src, res, tag)
-        theirs = describe_tensor(codec.torch_dtype(dtype_name), shape)
-        raise _frame_error(src, res, f"a tensor {mine}", f"a tensor {theirs}")
+    frames.raise_failures([(length, magic, body)], [src], "recv", None)  # the sender's dtype has no header
+    dtype, shape = tensor_header.decode(body, src, "recv")
+    if dtype != x.dtype or list(shape) != list(x.shape):
+        _drain_tensor(dtype, shape, src, res, tag)
+        raise _frame_error(src, res, f"a tensor {mine}", f"a tensor {describe_tensor(dtype, shape)}")
 
 
 def _copy_back(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -278,6 +298,8 @@ def recv(
             not be encoded (``ValueError`` when refused for its depth or text).
         CollectiveMismatchError: a value was expected and something else
             arrived; in debug mode also a tensor of another shape or dtype.
+        NotImplementedError: the group's backend has no point-to-point
+            (horovod), before anything is received.
 
     Source: ``torch.distributed.recv``.
     """
@@ -360,4 +382,4 @@ def _irecv_body(res: Resolved, x: Any, src: int, tag: int, allow_pickle: Optiona
     return Work([dist.irecv(buf, src, res.pg, tag)], lambda: _copy_back(buf, x))
 
 
-_RECV = Collective("recv", _recv_body, None, None, root="src", peer=True)
+_RECV = Collective("recv", _recv_body, None, None, root="src", peer=True, check=_peer_calls("recv"))

@@ -49,7 +49,9 @@ import torch
 from .. import codec
 from .frames import check_declared
 
-__all__ = ["HEADER", "DTYPES", "TENSOR", "VALUE", "FAILURE", "Piece", "Header", "read", "Predictor", "align"]
+__all__ = [
+    "HEADER", "DTYPES", "TENSOR", "VALUE", "FAILURE", "Piece", "Header", "read", "extra_dims", "shape_of", "Predictor", "align",
+]
 
 HEADER = 64
 TENSOR, VALUE, FAILURE = 1, 2, 3
@@ -64,6 +66,7 @@ DTYPES = (
     "complex32", "complex64", "complex128", "uint16", "uint32", "uint64",
     "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
     "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16",
+    "uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7", "int1", "int2", "int3", "int4", "int5", "int6", "int7",
 )  # fmt: skip
 _CODE = {getattr(torch, n): i + 1 for i, n in enumerate(DTYPES) if hasattr(torch, n)}
 _DTYPE = {code: dtype for dtype, code in _CODE.items()}
@@ -94,16 +97,26 @@ class Piece:
         """``x``'s elements as a body on ``device`` (a view when ``x`` is contiguous and there already)."""
         code = _CODE.get(x.dtype)
         if code is None:
-            return cls.failure(TypeError(f"a tensor of dtype {x.dtype} cannot travel (supported: {', '.join(DTYPES)})"))
+            return cls.failure(_unsupported(x.dtype))
         data = x.detach()
         data = data if data.device == device else data.to(device)
         data = data if data.is_contiguous() else data.contiguous()
         shape = tuple(x.shape)
         if len(shape) > _INLINE_DIMS:
-            extra = np.zeros(align(8 * (len(shape) - _INLINE_DIMS)), dtype=np.uint8)
-            extra[: 8 * (len(shape) - _INLINE_DIMS)] = np.asarray(shape[_INLINE_DIMS:], dtype="<i8").view(np.uint8)
-            data = torch.cat([torch.from_numpy(extra).to(device), flat_bytes(data)])
+            data = torch.cat([torch.frombuffer(bytearray(extra_dims(shape)), dtype=torch.uint8).to(device), flat_bytes(data)])
         return cls(TENSOR, code, shape, data)
+
+    @classmethod
+    def described(cls, x: torch.Tensor) -> "Piece":
+        """A TENSOR piece whose body holds only ``x``'s dims past four (its elements travel in a call of their
+        own): its header and body are byte for byte those of :meth:`tensor`'s up to where the elements would
+        start. A dtype with no wire code: a failure piece, as :meth:`tensor`."""
+        code = _CODE.get(x.dtype)
+        if code is None:
+            return cls.failure(_unsupported(x.dtype))
+        piece = cls(TENSOR, code, tuple(x.shape), extra_dims(x.shape))
+        piece.length += x.nbytes  # the header declares the whole body, as the tensor's own piece does
+        return piece
 
     @classmethod
     def value(cls, payload: bytes) -> "Piece":
@@ -136,6 +149,35 @@ class Piece:
         """Fill ``slot`` from 0 with the body's bytes past ``start`` (a remainder round; nothing when none)."""
         if self.length > start:
             slot[: self.length - start].copy_(self._bytes()[start:])
+
+
+def _unsupported(dtype: torch.dtype) -> TypeError:
+    return TypeError(f"a tensor of dtype {dtype} cannot travel (supported: {', '.join(DTYPES)})")
+
+
+def extra_dims(shape: tuple) -> bytes:
+    """The dims of ``shape`` past the header's four, as a TENSOR body starts with them (int64 each, padded to
+    16 bytes so the elements after them stay aligned); empty for at most four dims."""
+    n = len(shape) - _INLINE_DIMS
+    return np.asarray(shape[_INLINE_DIMS:], dtype="<i8").tobytes().ljust(align(8 * n), b"\0") if n > 0 else b""
+
+
+def shape_of(h: "Header", prefix: bytes, length: int, what: str) -> list:
+    """The whole shape of TENSOR header ``h``, whose body of ``length`` bytes starts with ``prefix`` (at least
+    its extra dims, :func:`extra_dims`), checked: at most ``codec.MAX_DIMS`` non-negative dims whose elements
+    are exactly the rest of the body. Raises ``ValueError`` naming the sender otherwise."""
+    if h.ndim <= _INLINE_DIMS:
+        return h.dims
+    extra, n = align(8 * (h.ndim - _INLINE_DIMS)), 8 * (h.ndim - _INLINE_DIMS)
+    try:
+        if length < extra or len(prefix) < n:
+            raise ValueError(f"a body too short for {h.ndim} dims")
+        shape = codec.check_shape([*h.dims, *np.frombuffer(prefix[:n], dtype="<i8").tolist()])
+        if length - extra != math.prod(shape) * h.dtype.itemsize:
+            raise ValueError(f"body length does not match shape {shape}")
+    except ValueError as exc:
+        raise ValueError(f"{what}: rank {h.rank} sent a malformed header: {exc}") from None
+    return shape
 
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -202,15 +244,7 @@ def tensor_of(h: Header, body: torch.Tensor, what: str) -> torch.Tensor:
     shape = h.dims
     if h.ndim > _INLINE_DIMS:
         extra = align(8 * (h.ndim - _INLINE_DIMS))
-        if body.numel() < extra:
-            raise ValueError(f"{what}: rank {h.rank} sent a malformed header: a body too short for {h.ndim} dims")
-        rest = body[: 8 * (h.ndim - _INLINE_DIMS)].cpu().numpy().view("<i8").tolist()
-        try:
-            shape = codec.check_shape([*h.dims, *rest])
-        except ValueError as exc:
-            raise ValueError(f"{what}: rank {h.rank} sent a malformed header: {exc}") from None
-        if body.numel() - extra != math.prod(shape) * h.dtype.itemsize:
-            raise ValueError(f"{what}: rank {h.rank} sent a malformed header: body length does not match shape {shape}")
+        shape = shape_of(h, body[:extra].cpu().numpy().tobytes(), body.numel(), what)
         body = body[extra:]
     if body.data_ptr() % h.dtype.itemsize:  # after a body of another dtype or a value: realign
         body = body.clone()

@@ -92,8 +92,8 @@ def _advice(info: ProcessInfo, who: str) -> Optional[str]:
 # for uint16/32/64 (measured on torch 2.13). No point-to-point; no subgroups; idist's "horovod-dist".
 HOROVOD = registry.declare(registry.Backend(
     BACKEND_NAME, no_subgroups=no_subgroups, point_to_point=False, init_url="horovod://", resolve=_resolve,
-    check_join=_check_join, model_name="horovod-dist", training=hvd, launch_advice=_advice, register=register,
-    adopt=job.adopt,
+    mover=registry.DIRECT, check_join=_check_join, model_name="horovod-dist", training=hvd, launch_advice=_advice,
+    register=register, adopt=job.adopt,
     reductions=ops.Reductions(
         BACKEND_NAME, registry.MPI_DTYPES,
         refused={"MIN": registry.UNSIGNED_WIDE, "MAX": registry.UNSIGNED_WIDE},

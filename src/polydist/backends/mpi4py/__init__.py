@@ -181,16 +181,19 @@ def _hosts_rendezvous(info: ProcessInfo) -> bool:
     return info.mpi_flavor is not None and not info.master_addr and register()
 
 
-# torch's own "mpi" (native, or this stand-in on stock wheels): rank and world size from MPI, no AVG.
+# torch's own "mpi" (native, or this stand-in on stock wheels): rank and world size from MPI, no AVG. Both go by
+# the name "mpi": torch's native ProcessGroupMPI moves by torch.distributed's calls, the stand-in by its own.
 registry.declare(registry.Backend(
     "mpi", builtin=True, available=lambda: dist.is_mpi_available(), reduce_keeps_input=True, ranks_from_backend=True,
     resolve=_resolve_torch_mpi, after_join=job.install_abort_hook, launch_advice=_advice,
+    mover=registry.SLOTS if _NATIVE_MPI else registry.DIRECT,
 ))
 # mpi4py: every MPI integer width, float32/64, C bool and complex; float16/bfloat16 reduced in float32
 # (_mpi.py REDUCE_TYPES).
 MPI4PY = registry.declare(registry.Backend(
     BACKEND_NAME, reduce_keeps_input=True, native_avg=True, init_url="mpi://", check_join=check_mpi_can_join,
     hosts_rendezvous=_hosts_rendezvous, after_join=job.install_abort_hook, launch_advice=_advice, register=register,
+    mover=registry.DIRECT,
     reductions=ops.Reductions(BACKEND_NAME, registry.MPI_DTYPES,
                               source="polydist's mpi4py group (MPI datatypes of backends/mpi4py/_mpi.py)"),
 ))

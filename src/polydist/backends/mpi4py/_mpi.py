@@ -71,14 +71,6 @@ def mpi() -> Any:
 # ---------------------------------------------------------------- buffers
 
 
-def check_cpu(t: torch.Tensor) -> None:
-    if t.device.type != "cpu":
-        raise ValueError(
-            f"the {BACKEND_NAME} backend moves CPU tensors only, got a tensor on {t.device}; "
-            "use nccl for CUDA tensors or copy to the CPU"
-        )
-
-
 def raw(t: torch.Tensor) -> list:
     """``t``'s memory as an MPI byte buffer (``t`` must be contiguous and on the CPU)."""
     return [MPI.buffer.fromaddress(t.data_ptr(), t.nbytes), MPI.BYTE]
@@ -107,28 +99,6 @@ def cached_buffer(t: torch.Tensor, datatype: Any) -> list:
             _BUFFERS.clear()
         spec = _BUFFERS[key] = [MPI.buffer.fromaddress(key[0], key[1]), datatype]
     return spec
-
-
-class Contiguous:
-    """``with Contiguous(t) as c``: a contiguous CPU tensor to hand to MPI, copied back into ``t`` on exit.
-
-    Contiguous tensors are used as they are; others go through a copy, like
-    gloo does for non-contiguous inputs it accepts.
-    """
-
-    __slots__ = ("t", "c", "write_back")
-
-    def __init__(self, t: torch.Tensor, write_back: bool = True) -> None:
-        check_cpu(t)
-        self.t, self.write_back = t, write_back
-        self.c = t if t.is_contiguous() else t.contiguous()
-
-    def __enter__(self) -> torch.Tensor:
-        return self.c
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.write_back and self.c is not self.t and exc[0] is None:
-            self.t.copy_(self.c)
 
 
 def reduce_setup(t: torch.Tensor, op: Any) -> tuple[str, Any, Optional[torch.dtype]]:

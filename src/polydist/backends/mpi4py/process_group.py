@@ -56,7 +56,7 @@ import torch.distributed as dist
 
 from . import _mpi
 from ..python_group import PythonProcessGroup, opt
-from ..tensors import apart, byte_counts, own_slot, unflatten
+from ..tensors import Contiguous, apart, own_slot
 from ..work import LaneWork, StatusRequest, profiling, request_work
 
 __all__ = ["MPIProcessGroup"]
@@ -72,10 +72,11 @@ class MPIProcessGroup(PythonProcessGroup):
     assigns. Methods carry PyTorch's ProcessGroup signatures, under the names
     PyTorch 2.2–2.13 call (``_allgather_base``/``all_gather_single``,
     ``alltoall_base``/``all_to_all_single``, ...). Errors: ``ValueError`` for
-    CUDA tensors or mismatched sizes; ``TypeError`` for an op undefined on a
-    dtype (the same table as polydist's collectives,
-    :func:`polydist.ops.check_op_dtype`), both raised by the call; MPI
-    errors (``mpi4py.MPI.Exception``) are raised by ``wait()``.
+    CUDA tensors or mismatched sizes (torch's rule, the words of every Python
+    group: :class:`~polydist.backends.python_group.PythonProcessGroup`);
+    ``TypeError`` for an op undefined on a dtype (the same table as
+    polydist's collectives, :func:`polydist.ops.check_op_dtype`), both raised
+    by the call; MPI errors (``mpi4py.MPI.Exception``) are raised by ``wait()``.
     """
 
     def __init__(self, comm: Any, rank: int, size: int, backend: str = _mpi.BACKEND_NAME) -> None:
@@ -101,36 +102,27 @@ class MPIProcessGroup(PythonProcessGroup):
             if plan[2]:
                 t.div_(self.comm.Get_size())
             return t
-        self._allreduce([t], op, None).wait()
-        return t
+        return super().allreduce_tensor(t, op)
 
-    def _allreduce(self, tensors: list, op: Any, opts: Any) -> LaneWork:
-        setups = [_mpi.reduce_setup(t, op) for t in tensors]
-        for t in tensors:
-            _mpi.check_cpu(t)
-        if isinstance(op, str) and len(tensors) == 1 and setups[0][2] is None and tensors[0].dtype in _mpi.REDUCE_TYPES:
-            _mpi.PLANS[(tensors[0].dtype, op)] = (_mpi.REDUCE_TYPES[tensors[0].dtype], setups[0][1], setups[0][0] == "AVG")
+    def _reduce_plan(self, t: torch.Tensor, op: Any) -> tuple:
+        """``(op name, MPI op, wide dtype or None)``; learns the lean path's plan for an op given by name."""
+        setup = _mpi.reduce_setup(t, op)
+        if isinstance(op, str) and setup[2] is None and t.dtype in _mpi.REDUCE_TYPES:
+            _mpi.PLANS[(t.dtype, op)] = (_mpi.REDUCE_TYPES[t.dtype], setup[1], setup[0] == "AVG")
+        return setup
 
-        def body() -> None:
-            for t, (name, mpi_op, wide) in zip(tensors, setups):
-                with _mpi.Contiguous(t) as c:
-                    w = c.to(wide) if wide is not None else c
-                    self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.typed(w), mpi_op)
-                    if name == "AVG":
-                        w.div_(self.comm.Get_size())
-                    if w is not c:
-                        c.copy_(w)
-
-        return self._run("all_reduce", body, tensors, opts, tensors)
-
-    def allreduce(self, tensors: list, opts: Any = None) -> LaneWork:
-        return self._allreduce(tensors, opt(opts, "reduceOp", dist.ReduceOp.SUM), opts)
+    def _reduce_now(self, c: torch.Tensor, plan: tuple) -> None:
+        name, mpi_op, wide = plan
+        w = c.to(wide) if wide is not None else c
+        self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.typed(w), mpi_op)
+        if name == "AVG":
+            w.div_(self.comm.Get_size())
+        if w is not c:
+            c.copy_(w)
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> LaneWork:
         op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
-        setups = {t.dtype: _mpi.reduce_setup(t, op) for t in tensors}  # the op x dtype check, once per dtype
-        for t in tensors:
-            _mpi.check_cpu(t)
+        setups = {t.dtype: plan for t, plan in zip(tensors, self._plans(tensors, op))}  # one MPI call per dtype
         size = self.comm.Get_size()
 
         def body() -> None:
@@ -147,15 +139,12 @@ class MPIProcessGroup(PythonProcessGroup):
 
     def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
-        op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
         me = self.comm.Get_rank()
-        setups = [_mpi.reduce_setup(t, op) for t in tensors]
-        for t in tensors:
-            _mpi.check_cpu(t)
+        setups = self._plans(tensors, opt(opts, "reduceOp", dist.ReduceOp.SUM))
 
         def body() -> None:
             for t, (name, mpi_op, wide) in zip(tensors, setups):
-                with _mpi.Contiguous(t, write_back=me == root) as c:
+                with Contiguous(t, write_back=me == root) as c:
                     w = c.to(wide) if wide is not None else c
                     if me == root:
                         self.comm.Reduce(_mpi.MPI.IN_PLACE, _mpi.typed(w), mpi_op, root)
@@ -168,195 +157,52 @@ class MPIProcessGroup(PythonProcessGroup):
 
         return self._run("reduce", body, tensors, opts, tensors)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
-        op = opt(opts, "reduceOp", dist.ReduceOp.SUM)
-        size = self.comm.Get_size()
-        if input.numel() != output.numel() * size:
-            raise ValueError(
-                f"reduce_scatter: input has {input.numel()} elements, need output's {output.numel()} x group size {size}"
-            )
-        if input.dtype != output.dtype:
-            raise ValueError(f"reduce_scatter: input dtype {input.dtype} differs from output dtype {output.dtype}")
-        name, mpi_op, wide = _mpi.reduce_setup(input, op)
-        _mpi.check_cpu(input)
-        _mpi.check_cpu(output)
+    def _reduce_scatter_now(self, output: torch.Tensor, input: torch.Tensor, plan: tuple) -> None:
+        name, mpi_op, wide = plan
+        with Contiguous(input, write_back=False) as src, Contiguous(output) as dst:
+            if wide is not None:
+                src_w, dst_w = src.to(wide), torch.empty(dst.shape, dtype=wide)
+            else:  # MPI_IN_PLACE here means "the input is in the output buffer", not torch's aliasing: a copy
+                src_w, dst_w = apart(src, dst), dst
+            self.comm.Reduce_scatter_block(_mpi.typed(src_w), _mpi.typed(dst_w), mpi_op)
+            if name == "AVG":
+                dst_w.div_(self.comm.Get_size())
+            if dst_w is not dst:
+                dst.copy_(dst_w)
 
-        def body() -> None:
-            with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
-                if wide is not None:
-                    src_w, dst_w = src.to(wide), torch.empty(dst.shape, dtype=wide)
-                else:  # MPI_IN_PLACE here means "the input is in the output buffer", not torch's aliasing: a copy
-                    src_w, dst_w = apart(src, dst), dst
-                self.comm.Reduce_scatter_block(_mpi.typed(src_w), _mpi.typed(dst_w), mpi_op)
-                if name == "AVG":
-                    dst_w.div_(size)
-                if dst_w is not dst:
-                    dst.copy_(dst_w)
+    # ------------------------------------------------------------ data movement: MPI's collectives on bytes
 
-        return self._run("reduce_scatter_tensor", body, output, opts, [input])
+    def _broadcast_now(self, c: torch.Tensor, root: int) -> None:
+        self.comm.Bcast(_mpi.raw(c), root)
 
-    # ------------------------------------------------------------ data movement
+    def _allgather_into(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if own_slot(src, dst, self.comm.Get_rank()):  # FSDP2's in-place all-gather
+            self.comm.Allgather(_mpi.MPI.IN_PLACE, _mpi.raw(dst))
+            return
+        src = apart(src, dst)  # held here: MPI reads the memory by address
+        self.comm.Allgather(_mpi.raw(src), _mpi.raw(dst))
 
-    def broadcast(self, tensors: list, opts: Any = None) -> LaneWork:
-        root = opt(opts, "rootRank", 0)
-        me = self.comm.Get_rank()
-        for t in tensors:
-            _mpi.check_cpu(t)
+    def _gather_into(self, dst: Optional[torch.Tensor], src: torch.Tensor, root: int) -> None:
+        self.comm.Gather(_mpi.raw(src), None if dst is None else _mpi.raw(dst), root)
 
-        def body() -> None:
-            for t in tensors:
-                with _mpi.Contiguous(t, write_back=me != root) as c:
-                    self.comm.Bcast(_mpi.raw(c), root)
+    def _scatter_from(self, src: Optional[torch.Tensor], dst: torch.Tensor, root: int) -> None:
+        self.comm.Scatter(None if src is None else _mpi.raw(src), _mpi.raw(dst), root)
 
-        return self._run("broadcast", body, tensors, opts, tensors)
-
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
-        size = self.comm.Get_size()
-        if output.nbytes != input.nbytes * size:
-            raise ValueError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {size}")
-        _mpi.check_cpu(input)
-        _mpi.check_cpu(output)
-
-        me = self.comm.Get_rank()
-
-        def body() -> None:
-            if own_slot(input, output, me):  # FSDP2's in-place all-gather
-                self.comm.Allgather(_mpi.MPI.IN_PLACE, _mpi.raw(output))
-                return
-            with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
-                src = apart(src, dst)  # held here: MPI reads the memory by address
-                self.comm.Allgather(_mpi.raw(src), _mpi.raw(dst))
-
-        return self._run("all_gather_into_tensor", body, output, opts, [input])
-
-    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
-        """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
-        size = self.comm.Get_size()
-        for outs, inp in zip(output_lists, inputs):
-            _check_gather_outputs("all_gather", outs, inp, size)
-
-        def body() -> None:
-            for outs, inp in zip(output_lists, inputs):
-                flat = torch.empty(inp.numel() * size, dtype=inp.dtype)
-                with _mpi.Contiguous(inp, write_back=False) as src:
-                    self.comm.Allgather(_mpi.raw(src), _mpi.raw(flat))
-                unflatten(flat, outs)
-
-        return self._run("all_gather", body, output_lists, opts, inputs)
-
-    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
-        """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``), in one Allgather."""
-        size = self.comm.Get_size()
-        if len(output_lists) != size or any(len(outs) != len(inputs) for outs in output_lists):
-            raise ValueError(
-                f"all_gather_coalesced: need {size} output lists (one per rank) of {len(inputs)} tensors each, "
-                f"got {[len(outs) for outs in output_lists]}"
-            )
-        for outs in output_lists:
-            for out, inp in zip(outs, inputs):
-                if out.nbytes != inp.nbytes:
-                    raise ValueError(f"all_gather_coalesced: output of {out.nbytes} bytes for an input of {inp.nbytes}")
-        for t in inputs:
-            _mpi.check_cpu(t)
-
-        def body() -> None:
-            src = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in inputs]) if inputs else torch.empty(0, dtype=torch.uint8)
-            flat = torch.empty(src.numel() * size, dtype=torch.uint8)
-            self.comm.Allgather(_mpi.raw(src), _mpi.raw(flat))
-            for r, outs in enumerate(output_lists):
-                unflatten(flat[r * src.numel() : (r + 1) * src.numel()], outs, by_bytes=True)
-
-        return self._run("all_gather_coalesced", body, output_lists, opts, inputs)
-
-    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
-        root = opt(opts, "rootRank", 0)
-        me, size = self.comm.Get_rank(), self.comm.Get_size()
-        _mpi.check_cpu(inputs[0])
-        if me == root:
-            _check_gather_outputs("gather", output_lists[0], inputs[0], size)
-
-        def body() -> None:
-            with _mpi.Contiguous(inputs[0], write_back=False) as src:
-                if me == root:
-                    flat = torch.empty(src.numel() * size, dtype=src.dtype)
-                    self.comm.Gather(_mpi.raw(src), _mpi.raw(flat), root)
-                    unflatten(flat, output_lists[0])
-                else:
-                    self.comm.Gather(_mpi.raw(src), None, root)
-
-        return self._run("gather", body, output_lists, opts, inputs)
-
-    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
-        root = opt(opts, "rootRank", 0)
-        me = self.comm.Get_rank()
-        _mpi.check_cpu(outputs[0])
-        if me == root:
-            _check_gather_outputs("scatter", input_lists[0], outputs[0], self.comm.Get_size())
-
-        def body() -> None:
-            with _mpi.Contiguous(outputs[0]) as dst:
-                if me == root:
-                    flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
-                    self.comm.Scatter(_mpi.raw(flat), _mpi.raw(dst), root)
-                else:
-                    self.comm.Scatter(None, _mpi.raw(dst), root)
-
-        return self._run("scatter", body, outputs, opts, input_lists[0] if me == root else outputs)
-
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: Sequence[int],
-        input_split_sizes: Sequence[int],
-        opts: Any = None,
-    ) -> LaneWork:
-        size = self.comm.Get_size()
-        _mpi.check_cpu(input)
-        _mpi.check_cpu(output)
-        if not output_split_sizes and not input_split_sizes:
-            if input.nbytes % size or input.nbytes != output.nbytes:
-                raise ValueError(
-                    f"all_to_all_single: input ({input.nbytes} B) and output ({output.nbytes} B) must be "
-                    f"equal and divisible by the group size {size}"
-                )
-            send = recv = None
+    def _alltoall_into(self, dst: torch.Tensor, src: torch.Tensor, send: list, recv: list, even: bool) -> None:
+        if src.data_ptr() == dst.data_ptr() and send == recv:  # the same buffer, the same layout
+            if even:
+                self.comm.Alltoall(_mpi.MPI.IN_PLACE, _mpi.raw(dst))
+            else:
+                self.comm.Alltoallv(_mpi.MPI.IN_PLACE, _mpi.counted(dst, recv))
+            return
+        src = apart(src, dst)
+        if even:
+            self.comm.Alltoall(_mpi.raw(src), _mpi.raw(dst))
         else:
-            send = byte_counts(input, input_split_sizes, size, "input")
-            recv = byte_counts(output, output_split_sizes, size, "output")
-
-        def body() -> None:
-            with _mpi.Contiguous(input, write_back=False) as src, _mpi.Contiguous(output) as dst:
-                if src.data_ptr() == dst.data_ptr() and send == recv:  # the same buffer, the same layout
-                    if send is None:
-                        self.comm.Alltoall(_mpi.MPI.IN_PLACE, _mpi.raw(dst))
-                    else:
-                        self.comm.Alltoallv(_mpi.MPI.IN_PLACE, _mpi.counted(dst, recv))
-                    return
-                src = apart(src, dst)
-                if send is None:
-                    self.comm.Alltoall(_mpi.raw(src), _mpi.raw(dst))
-                else:
-                    self.comm.Alltoallv(_mpi.counted(src, send), _mpi.counted(dst, recv))
-
-        return self._run("all_to_all", body, output, opts, [input])
-
-    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
-        for t in (*inputs, *outputs):
-            _mpi.check_cpu(t)
-        send = [t.nbytes for t in inputs]
-        recv = [t.nbytes for t in outputs]
-
-        def body() -> None:
-            src = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in inputs])
-            dst = torch.empty(sum(recv), dtype=torch.uint8)
             self.comm.Alltoallv(_mpi.counted(src, send), _mpi.counted(dst, recv))
-            unflatten(dst, outputs, by_bytes=True)
 
-        return self._run("all_to_all", body, outputs, opts, inputs)
-
-    def barrier(self, opts: Any = None) -> LaneWork:
-        return self._run("barrier", self.comm.Barrier, None, opts, ())
+    def _barrier_now(self) -> None:
+        self.comm.Barrier()
 
     # ------------------------------------------------------------ polydist's piece exchanges (blocking, direct)
 
@@ -446,34 +292,24 @@ class MPIProcessGroup(PythonProcessGroup):
 
     def send(self, tensors: list, dst: int, tag: int) -> LaneWork:
         t = tensors[0]
-        _mpi.check_cpu(t)
+        self._cpu(t)
         c = t if t.is_contiguous() else t.contiguous()
         work = request_work(tensors, self.comm.Isend(_mpi.raw(c), dst, tag), self._backend, "send", tensors)
         work._keep = c  # the buffer must outlive the send
         return work
 
+    def _recv_buffer(self, t: torch.Tensor) -> torch.Tensor:
+        self._cpu(t)
+        if not t.is_contiguous():
+            raise ValueError(f"recv needs a contiguous tensor to write into, got strides {t.stride()}")
+        return t
+
     def recv(self, tensors: list, src: int, tag: int) -> LaneWork:
-        request = self.comm.Irecv(_mpi.raw(_recv_buffer(tensors[0])), src, tag)
+        request = self.comm.Irecv(_mpi.raw(self._recv_buffer(tensors[0])), src, tag)
         return request_work(tensors, request, self._backend, "recv", tensors)
 
     def recv_anysource(self, tensors: list, tag: int) -> LaneWork:
         status = _mpi.MPI.Status()  # filled when the request completes; names the sender
-        request = StatusRequest(self.comm.Irecv(_mpi.raw(_recv_buffer(tensors[0])), _mpi.MPI.ANY_SOURCE, tag), status)
+        request = StatusRequest(self.comm.Irecv(_mpi.raw(self._recv_buffer(tensors[0])), _mpi.MPI.ANY_SOURCE, tag), status)
         return request_work(tensors, request, self._backend, "recvAnySource", tensors, source=status.Get_source)
 
-
-def _check_gather_outputs(what: str, outs: list, inp: torch.Tensor, size: int) -> None:
-    """``outs`` must be one tensor per rank, each holding as many elements as ``inp``."""
-    if len(outs) != size or any(o.numel() != inp.numel() for o in outs):
-        raise ValueError(
-            f"{what}: need {size} tensors (one per rank) of {inp.numel()} elements each, got {[o.numel() for o in outs]}"
-        )
-    for o in outs:
-        _mpi.check_cpu(o)
-
-
-def _recv_buffer(t: torch.Tensor) -> torch.Tensor:
-    _mpi.check_cpu(t)
-    if not t.is_contiguous():
-        raise ValueError(f"recv needs a contiguous tensor to write into, got strides {t.stride()}")
-    return t

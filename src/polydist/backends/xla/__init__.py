@@ -188,7 +188,7 @@ def _resolve(name: str) -> str:
 # Byte buffers on the CPU (the direct calls' contract), tensors computed on torch_xla.device().
 # xm.all_reduce's numeric types (not uint16/32/64); AND/OR/XOR, bool and complex gathered and reduced on every rank (process_group.py).
 XLA = registry.declare(registry.Backend(
-    BACKEND_NAME, compute_device=xla_device, no_subgroups=no_subgroups, point_to_point=False, init_url=URL, resolve=_resolve,
+    BACKEND_NAME, mover=registry.DIRECT, compute_device=xla_device, no_subgroups=no_subgroups, point_to_point=False, init_url=URL, resolve=_resolve,
     model_name="xla-dist", training=lambda: training, launch_advice=_advice, register=register,
     start_processes=start_processes, training_at_every_size=True, adopt=adopt,
     pin_memory_refused=training.PIN_MEMORY_REFUSED, wrap_loader=training.wrap_loader,
