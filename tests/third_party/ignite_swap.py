@@ -10,10 +10,10 @@ of them is imported, only their imports of ``ignite.distributed``:
   internals, such as ``_model`` or ``_set_model``) still from ignite.
 
 Everything else, ignite's ``Engine`` and metrics included, stays ignite's.
-A shipped file run as a script (``check_idist_parallel.py``, started by
-torchrun or horovodrun in a process of its own, where ``ignite_site``'s
-``sitecustomize`` imports this module) gets polydist's public names as its
-``ignite.distributed``. With ``IGNITE_SWAP=0`` in the environment nothing is rewritten: ignite's own
+A shipped file run as a script (``check_idist_parallel.py``, in a process
+whose ``PYTHONPATH`` still holds ``ignite_site``, whose ``sitecustomize``
+imports this module) gets polydist's public names as its
+``ignite.distributed``, a package whose submodules stay ignite's. With ``IGNITE_SWAP=0`` in the environment nothing is rewritten: ignite's own
 run of the same files, for the side-by-side count.
 """
 
