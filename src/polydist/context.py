@@ -76,9 +76,11 @@ def initialize(
         init_method: a ``torch.distributed`` init method URL (``env://``,
             ``tcp://host:port``, ``file:///path``). ``None`` uses ``env://``
             when a launcher exported ``MASTER_ADDR``/``MASTER_PORT``; without
-            them, ranks whose launcher set ``RANK``/``WORLD_SIZE`` on one node
-            meet at 127.0.0.1:15000 (rank 0's store on loopback), as
-            ``ignite.distributed`` does.
+            them (``None`` or ``env://``), ranks whose launcher set
+            ``RANK``/``WORLD_SIZE`` on one node meet at 127.0.0.1:15000 (rank
+            0's store on loopback), as ``ignite.distributed`` does (its
+            ``setup_env_vars``); ``env://`` with explicit ``rank``/``world_size``
+            meets there too.
         timeout: collective timeout, seconds (float) or ``timedelta``: how
             long a collective waits for the other ranks before raising
             :class:`~polydist.CollectiveTimeoutError`, which names the ranks

@@ -75,7 +75,10 @@ def resolve_backend(name: Optional[str]) -> str:
     entry = registry.get(lowered)
     resolved = entry.resolve(name) if entry.resolve is not None else lowered  # may register it, or raise
     if resolved not in {b.lower() for b in dist.Backend.backend_list}:
-        raise ValueError(f"Unknown backend {name!r}. Available backends: {', '.join(available_backends())}")
+        raise ValueError(  # "Backend should be one of": ignite.distributed's words, which its users match
+            f"Unknown backend {name!r}. Available backends: {', '.join(available_backends())} (Backend should be one "
+            "of these; another must be installed and registered with torch.distributed.Backend.register_backend)"
+        )
     if not entry.device_visible():
         raise ValueError(f"backend {lowered!r} needs {entry.device.upper()} devices, and none is visible to this process")
     return resolved
@@ -168,6 +171,9 @@ def group_kwargs(
         if host.check_join is not None:
             host.check_join(info, (backend or name).lower())  # before it starts: a world of one under torchrun
         init_method = host.init_url
+    defaulted = init_method == "env://" and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"))
+    if defaulted:  # idist's env:// defaults MASTER_ADDR/MASTER_PORT; torch's would raise: the chain below picks
+        init_method = None
     if init_method is not None:
         group_kwargs["init_method"] = init_method
     if entry.ranks_from_backend or registry.by_init_url(init_method) is not None:
@@ -195,8 +201,8 @@ def group_kwargs(
         group_kwargs["init_method"] = "env://" if exported else f"tcp://{info.master_addr}:{info.master_port}"
     elif world_size == 1:
         group_kwargs["store"] = dist.HashStore()  # nothing to meet: no port, no file
-    elif launched and (info.nnodes or 1) == 1:
-        # Launched ranks without an address to meet at, on one node: ignite.distributed's
+    elif (launched or defaulted) and (info.nnodes or 1) == 1:
+        # Launched ranks (or env:// asked for) without an address to meet at, on one node: ignite.distributed's
         # default, 127.0.0.1:15000 (a fixed port, so two such jobs on one host collide, as there).
         group_kwargs["_store"] = _StoreAt("127.0.0.1", SINGLE_NODE_PORT, serve=True)
     else:

@@ -318,6 +318,28 @@ def test_spawn_and_parallel_start_horovod_processes(importable):
         pd.spawn("horovod", _raises, nproc_per_node=2, nnodes=2, node_rank=0, master_addr="127.0.0.1", master_port=1)
 
 
+def _ignite_config(local_rank):
+    """ignite's own ``_test_distrib_config`` (v0.5.5, shipped in tests/third_party/ignite) on polydist, then what it saw."""
+    import ignite_swap  # noqa: F401 - its test files' ``import ignite.distributed as idist`` is polydist
+    from tests.ignite.distributed.utils import _test_distrib_config
+
+    _test_distrib_config(local_rank, "horovod", 4, "cpu")  # as ignite calls it
+    return local_rank, pd.get_rank(), pd.get_world_size(), pd.get_local_rank(), pd.backend(), pd.model_name()
+
+
+def test_ignites_config_function_on_4_spawned_horovod_processes(importable, monkeypatch):
+    """ignite's test_hvd_distrib_single_node_spawn: a function that does not communicate, on 4 processes.
+
+    It hung: rank 0 served the rendezvous store without waiting for the others to connect, finished
+    its function and took the store with it while a slow rank was still connecting (backends/store.py).
+    """
+    pytest.importorskip("ignite", reason="pytorch-ignite is not installed")
+    third_party = os.path.join(ROOT, "tests", "third_party")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([third_party, os.environ["PYTHONPATH"]]))
+    got = pd.spawn("horovod", _ignite_config, nproc_per_node=4)
+    assert got == [(r, r, 4, r, "horovod", "horovod-dist") for r in range(4)]
+
+
 def _adopted():
     import horovod.torch as hvd
 

@@ -253,3 +253,36 @@ def test_launched_ranks_without_master_meet_on_loopback_15000(cli_env, tmp_path)
     outs = [p.communicate(timeout=150) for p in procs]
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and out.strip() == f"ok {r}", out + err
+
+
+@pytest.mark.parametrize("init_method", [None, "env://"])
+@pytest.mark.parametrize("launched", [True, False])
+def test_env_init_without_master_defaults_to_loopback_15000(init_method, launched, monkeypatch):
+    """idist's setup_env_vars: env:// without MASTER_ADDR/MASTER_PORT means 127.0.0.1:15000 on one node, as None
+    does for launched ranks; env:// with explicit rank/world_size too (idist exports them). Nothing is created."""
+    from polydist import join
+    from polydist.environment import ProcessInfo
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    info = ProcessInfo(launcher="env", rank=1, world_size=2, local_rank=1, local_world_size=2) if launched \
+        else ProcessInfo(launcher="serial")
+    rank, size = (None, None) if launched else (1, 2)
+    if not launched and init_method is None:  # polydist's own rule: nothing says where to meet
+        with pytest.raises(ValueError, match="world_size=2 but no way to rendezvous"):
+            join.group_kwargs("gloo", init_method, None, rank, size, {}, info)
+        return
+    got = join.group_kwargs("gloo", init_method, None, rank, size, {}, info)
+    assert "init_method" not in got and (got["rank"], got["world_size"]) == (1, 2)
+    assert got["_store"] == join._StoreAt("127.0.0.1", join.SINGLE_NODE_PORT, serve=True)
+
+
+def test_env_init_with_master_is_torchs(monkeypatch):
+    from polydist import join
+    from polydist.environment import ProcessInfo
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    info = ProcessInfo(launcher="env", rank=1, world_size=2, local_rank=1, local_world_size=2)
+    got = join.group_kwargs("gloo", "env://", None, None, None, {}, info)
+    assert got["init_method"] == "env://" and "_store" not in got

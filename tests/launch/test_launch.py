@@ -136,6 +136,7 @@ def test_parallel_rejects_at_construction_as_idist():
     """ignite's own test_parallel_wrong_inputs (v0.5.5), plus an absent horovod, all before any process starts."""
     cases = [
         (dict(backend="abc"), r"Unknown backend 'abc'. Available backends:"),
+        (dict(backend="xla-tpu"), r"Unknown backend 'xla-tpu'.*Backend should be one of"),  # without torch_xla
         (dict(nnodes=2), r"If backend is None, argument 'nnodes' should be also None"),
         (dict(backend="gloo", nproc_per_node=-1), r"Argument nproc_per_node should positive"),
         (dict(backend="gloo", nproc_per_node=1, nnodes=-1), r"Argument nnodes should positive"),
@@ -146,6 +147,8 @@ def test_parallel_rejects_at_construction_as_idist():
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             pd.Parallel(**kwargs)
+    with pytest.raises(ValueError, match="Backend should be one of"):  # ignite's test_xla_distrib_spawn_no_xla_support
+        pd.spawn("xla-tpu", _spawned, nproc_per_node=2)
     if not pd.has_hvd_support:
         with pytest.raises(ValueError, match="Unknown backend 'horovod'"):
             pd.spawn("horovod", _spawned, nproc_per_node=2)

@@ -10,10 +10,10 @@ of them is imported, only their imports of ``ignite.distributed``:
   internals, such as ``_model`` or ``_set_model``) still from ignite.
 
 Everything else, ignite's ``Engine`` and metrics included, stays ignite's.
-A shipped file run as a script (``check_idist_parallel.py``, started by
-torchrun or horovodrun in a process of its own, where ``ignite_site``'s
-``sitecustomize`` imports this module) gets polydist's public names as its
-``ignite.distributed``. With ``IGNITE_SWAP=0`` in the environment nothing is rewritten: ignite's own
+A shipped file run as a script (``check_idist_parallel.py``, in a process
+whose ``PYTHONPATH`` still holds ``ignite_site``, whose ``sitecustomize``
+imports this module) gets polydist's public names as its
+``ignite.distributed``, a package whose submodules stay ignite's. With ``IGNITE_SWAP=0`` in the environment nothing is rewritten: ignite's own
 run of the same files, for the side-by-side count.
 """
 
@@ -85,10 +85,20 @@ class _PolydistAsIdist(importlib.abc.Loader):
 
         module = types.ModuleType(spec.name, polydist.__doc__)
         module.__dict__.update({name: getattr(polydist, name) for name in dir(polydist) if not name.startswith("__")})
+        # Still a package whose submodules are ignite's own: ``import ignite`` imports ignite.metrics, which
+        # imports ``ignite.distributed.utils``; a plain module stopped every shipped script at import
+        # ("'ignite.distributed' is not a package").
+        module.__path__ = list(spec.submodule_search_locations or [])
         return module
 
     def exec_module(self, module) -> None:
         pass
+
+
+def _ignite_distributed_path() -> list:
+    """Where ignite's own ``ignite.distributed`` package lives (found, not imported)."""
+    ignite = importlib.util.find_spec("ignite")
+    return [os.path.join(folder, "distributed") for folder in ignite.submodule_search_locations] if ignite else []
 
 
 class _ScriptFinder(importlib.abc.MetaPathFinder):
@@ -100,7 +110,9 @@ class _ScriptFinder(importlib.abc.MetaPathFinder):
         main = getattr(sys.modules.get("__main__"), "__file__", None) or ""
         if not os.path.abspath(main).startswith(HERE + os.sep):
             return None
-        return importlib.util.spec_from_loader(fullname, _PolydistAsIdist())
+        spec = importlib.util.spec_from_loader(fullname, _PolydistAsIdist(), is_package=True)
+        spec.submodule_search_locations[:] = _ignite_distributed_path()
+        return spec
 
 
 if os.environ.get("IGNITE_SWAP", "1") != "0":  # IGNITE_SWAP=0: ignite's own run of the same files, for comparison

@@ -56,7 +56,13 @@ def serve_store(
         scheme: the init method's name, for error messages (``"mpi"``, ``"horovod"``).
 
     The store listens on loopback when every rank is on one host, else on
-    every interface of rank 0's host (its fully qualified name).
+    every interface of rank 0's host (its fully qualified name). It returns
+    on every rank only once every rank has connected: rank 0's store does not
+    wait for the others (it must exist before its port is announced), and a
+    rank 0 that went on alone could finish its program and take the store
+    with it while a slow rank was still connecting, leaving that rank retrying
+    for the whole timeout (``spawn("horovod", fn, nproc_per_node=4)`` with an
+    ``fn`` that does not communicate: issue 31).
 
     Raises:
         ValueError: rank 0 announced a port outside 1..65535 (a corrupt or hostile value).
@@ -73,4 +79,5 @@ def serve_store(
         raise ValueError(f"{scheme}:// rendezvous: rank 0 announced an invalid store port {port}")
     if store is None:
         store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)
+    all_gather_rows(host_row(socket.gethostname()))  # a barrier: every rank has connected to the store
     return store
