@@ -16,6 +16,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from .tensors import bytes_of
+
 __all__ = ["DirectProcessGroup"]
 
 
@@ -52,12 +54,36 @@ class DirectProcessGroup(dist.ProcessGroup):
     ) -> tuple[bytes, torch.Tensor]:  # fmt: skip
         """This rank's ``size``-byte header and its body, out of root's ``headers`` and ``bodies`` (``lengths``
         bytes per rank, back to back; read on root only); ``length_of(header)`` is ``(the body's length,
-        whether root's bodies are even)``."""
-        raise NotImplementedError
+        whether root's bodies are even)``. By default two byte all-to-alls in which only root sends."""
+        here, n = self.rank() == root, self.size()
+        nothing = torch.empty(0, dtype=torch.uint8)
+        sent = torch.frombuffer(bytearray(headers), dtype=torch.uint8) if here and headers else nothing
+        mine = self._all_to_all_bytes(sent, [size] * n if here else [0] * n).numpy().tobytes()
+        length, _ = length_of(mine)
+        out = self._all_to_all_bytes(bytes_of(bodies) if here else nothing, list(lengths) if here else [0] * n)
+        if out.numel() != length:
+            raise ValueError(f"{self.getBackendName()}: received {out.numel()} bytes where the header announced {length}")
+        return mine, out
 
     def all_to_all_pieces(
         self, headers: bytes, bodies: torch.Tensor, lengths: Sequence[int], plan: Callable[[bytes], Any]
     ) -> tuple[Any, torch.Tensor]:
         """Header ``i`` and body ``i`` (``lengths[i]`` bytes, back to back in ``bodies``) go to group rank ``i``;
-        returns ``(plan, bodies)`` of what came in."""
+        returns ``(plan, bodies)`` of what came in. By default two byte all-to-alls."""
+        n = self.size()
+        heads = self._all_to_all_bytes(torch.frombuffer(bytearray(headers), dtype=torch.uint8), [len(headers) // n] * n)
+        p, out = plan(heads.numpy().tobytes())
+        self._land(self._all_to_all_bytes(bytes_of(bodies), list(lengths)), out, p.total)
+        return p, out
+
+    def _all_to_all_bytes(self, flat: torch.Tensor, splits: list[int]) -> torch.Tensor:
+        """The transport's byte all-to-all, which the default :meth:`scatter_pieces` and :meth:`all_to_all_pieces`
+        are made of: ``splits[i]`` bytes of flat uint8 ``flat`` to group rank ``i``; returns what came in, in
+        rank order (uint8, CPU)."""
         raise NotImplementedError
+
+    def _land(self, got: torch.Tensor, out: torch.Tensor, total: int) -> None:
+        """Copy the ``total`` received bytes ``got`` into contiguous ``out`` (a lying peer's count: ValueError)."""
+        if got.numel() != total:
+            raise ValueError(f"{self.getBackendName()}: received {got.numel()} bytes where the headers announced {total}")
+        bytes_of(out).copy_(got.reshape(-1))

@@ -226,56 +226,26 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
     # gather or scatter: gather is an all-gather that every rank plans alike (so that all of them
     # take the second step or none does), scatter an all-to-all in which only the root sends.
 
-    def _land(self, got: torch.Tensor, out: torch.Tensor, total: int) -> None:
-        if got.numel() != total:
-            raise ValueError(f"{BACKEND_NAME}: received {got.numel()} bytes where the headers announced {total}")
-        bytes_of(out).copy_(got.reshape(-1))
-
     def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
-        done: list = []
-
-        def run() -> None:
+        def run() -> tuple[Any, torch.Tensor]:
             heads = self._all_gather_bytes(torch.frombuffer(bytearray(header), dtype=torch.uint8))
             p, out = plan(heads.numpy().tobytes())
-            got = hvd().allgather(bytes_of(body), name=self._name("allgather"))
-            self._land(got, out, p.total)
-            done.append((p, out))
+            self._land(hvd().allgather(bytes_of(body), name=self._name("allgather")), out, p.total)
+            return p, out
 
-        self._lane.call(run, "all_gather", [body])
-        return done[0]
+        return self._in_lane("all_gather", [body], run)
 
-    def scatter_pieces(
-        self, headers: Optional[bytes], bodies: Optional[torch.Tensor], lengths: Sequence[int], root: int,
-        size: int, length_of: Callable[[bytes], Any],
-    ) -> tuple[bytes, torch.Tensor]:  # fmt: skip
-        here, n = self.rank() == root, self.size()
-        nothing = torch.empty(0, dtype=torch.uint8)
-        done: list = []
-
-        def run() -> None:
-            sent = torch.frombuffer(bytearray(headers), dtype=torch.uint8) if here and headers else nothing
-            mine = self._all_to_all_bytes(sent, [size] * n if here else [0] * n).numpy().tobytes()
-            length, _ = length_of(mine)
-            out = self._all_to_all_bytes(bytes_of(bodies) if here else nothing, list(lengths) if here else [0] * n)
-            if out.numel() != length:
-                raise ValueError(f"{BACKEND_NAME}: received {out.numel()} bytes where the header announced {length}")
-            done.append((mine, out))
-
-        self._lane.call(run, "scatter", [])
-        return done[0]
+    def scatter_pieces(self, *args: Any) -> tuple[bytes, torch.Tensor]:
+        return self._in_lane("scatter", [], super().scatter_pieces, *args)
 
     def all_to_all_pieces(
         self, headers: bytes, bodies: torch.Tensor, lengths: Sequence[int], plan: Callable[[bytes], Any]
     ) -> tuple[Any, torch.Tensor]:
-        n = self.size()
+        return self._in_lane("all_to_all", [bodies], super().all_to_all_pieces, headers, bodies, lengths, plan)
+
+    def _in_lane(self, op: str, tensors: list, body: Callable[..., Any], *args: Any) -> Any:
+        """``body(*args)``'s result, run in order with this group's queued work."""
         done: list = []
-
-        def run() -> None:
-            heads = self._all_to_all_bytes(torch.frombuffer(bytearray(headers), dtype=torch.uint8), [len(headers) // n] * n)
-            p, out = plan(heads.numpy().tobytes())
-            self._land(self._all_to_all_bytes(bytes_of(bodies), list(lengths)), out, p.total)
-            done.append((p, out))
-
-        self._lane.call(run, "all_to_all", [bodies])
+        self._lane.call(lambda: done.append(body(*args)), op, tensors)
         return done[0]
 

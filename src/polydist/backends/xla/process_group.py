@@ -34,7 +34,7 @@ worlds follow torch_xla's documented API and are untested here (see the
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -234,7 +234,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
 
         return self._run("scatter", body, outputs, opts, input_lists[0] if here else outputs)
 
-    def _exchange(self, flat: torch.Tensor, send: Sequence[int]) -> torch.Tensor:
+    def _all_to_all_bytes(self, flat: torch.Tensor, send: Sequence[int]) -> torch.Tensor:
         """All-to-all of byte counts ``send[i]`` (to rank i) out of ``flat``: what came in, in rank order."""
         counts = self._rows(torch.tensor(list(send), dtype=torch.int64).view(torch.uint8))
         rows = self._rows(flat)
@@ -255,7 +255,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
         recv = byte_counts(output, output_split_sizes, size, "output")
 
         def body() -> None:
-            got = self._exchange(_bytes_of(input), send)
+            got = self._all_to_all_bytes(_bytes_of(input), send)
             if got.numel() != sum(recv):
                 raise ValueError(f"all_to_all_single: received {got.numel()} bytes, the output split sizes say {sum(recv)}")
             unflatten(got, [output], by_bytes=True)
@@ -267,7 +267,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
             raise ValueError(f"all_to_all: need {self.size()} inputs and outputs, got {len(inputs)} and {len(outputs)}")
 
         def body() -> None:
-            got = self._exchange(torch.cat([_bytes_of(t) for t in inputs]), [t.nbytes for t in inputs])
+            got = self._all_to_all_bytes(torch.cat([_bytes_of(t) for t in inputs]), [t.nbytes for t in inputs])
             if got.numel() != sum(t.nbytes for t in outputs):
                 raise ValueError(f"all_to_all: received {got.numel()} bytes, the outputs hold {sum(t.nbytes for t in outputs)}")
             unflatten(got, outputs, by_bytes=True)
@@ -286,30 +286,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
     def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
         heads = self._rows(torch.frombuffer(bytearray(header), dtype=torch.uint8))
         p, out = plan(b"".join(h.numpy().tobytes() for h in heads))
-        _land(torch.cat(self._rows(_bytes_of(body))), out, p.total)
-        return p, out
-
-    def scatter_pieces(
-        self, headers: Optional[bytes], bodies: Optional[torch.Tensor], lengths: Sequence[int], root: int,
-        size: int, length_of: Callable[[bytes], Any],
-    ) -> tuple[bytes, torch.Tensor]:  # fmt: skip
-        n, here = self.size(), self.rank() == root
-        nothing = torch.empty(0, dtype=torch.uint8)
-        sent = torch.frombuffer(bytearray(headers), dtype=torch.uint8) if here and headers else nothing
-        mine = self._exchange(sent, [size] * n if here else [0] * n).numpy().tobytes()
-        length, _ = length_of(mine)
-        out = self._exchange(_bytes_of(bodies) if here else nothing, list(lengths) if here else [0] * n)
-        if out.numel() != length:
-            raise ValueError(f"{BACKEND_NAME}: received {out.numel()} bytes where the header announced {length}")
-        return mine, out
-
-    def all_to_all_pieces(
-        self, headers: bytes, bodies: torch.Tensor, lengths: Sequence[int], plan: Callable[[bytes], Any]
-    ) -> tuple[Any, torch.Tensor]:
-        n = self.size()
-        heads = self._exchange(torch.frombuffer(bytearray(headers), dtype=torch.uint8), [len(headers) // n] * n)
-        p, out = plan(heads.numpy().tobytes())
-        _land(self._exchange(_bytes_of(bodies), list(lengths)), out, p.total)
+        self._land(torch.cat(self._rows(_bytes_of(body))), out, p.total)
         return p, out
 
 
@@ -318,10 +295,3 @@ def _checked(t: torch.Tensor, op: Any) -> str:
     name = resolve_op(op)
     check_op_dtype(name, t.dtype)
     return name
-
-
-def _land(got: torch.Tensor, out: torch.Tensor, total: int) -> None:
-    if got.numel() != total:
-        raise ValueError(f"{BACKEND_NAME}: received {got.numel()} bytes where the headers announced {total}")
-    unflatten(got, [out], by_bytes=True)
-
