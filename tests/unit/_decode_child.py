@@ -1,7 +1,8 @@
 """Child process for the codec fuzz tests: decodes payloads from stdin under a memory limit.
 
 Protocol (binary, on stdin/stdout): the parent writes a 4-byte little-endian
-length and the payload; the child answers one line: ``ok <bytes>`` (the value
+length and the payload; the child, once it has imported torch and polydist,
+writes ``ready``, then answers each payload with one line: ``ok <bytes>`` (the value
 decoded; ``<bytes>`` is the total size of the tensors and arrays in it),
 ``ValueError``, ``TypeError``, or ``other <type>: <message>`` for any other
 exception. A crash, a hang (the parent's timeout) or exceeding the memory
@@ -38,6 +39,7 @@ def main() -> None:
         vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData:"))
     resource.setrlimit(resource.RLIMIT_DATA, (vm + LIMIT_BYTES, vm + LIMIT_BYTES))
     stdin, stdout = sys.stdin.buffer, sys.stdout
+    print("ready", file=stdout, flush=True)  # imports done: the parent times answers from here
     while True:
         head = stdin.read(4)
         if len(head) < 4:

@@ -8,6 +8,7 @@ Budget: the ``default`` profile runs in ``make test``; ``make fuzz`` runs the
 
 import os
 import pathlib
+import select
 import subprocess
 import sys
 
@@ -22,6 +23,7 @@ from polydist import codec
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_decode_child.py")
 ANSWER_TIMEOUT_S = 20.0
+STARTUP_TIMEOUT_S = 300.0
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int64, torch.uint8,
            torch.bool, torch.complex64, torch.int16, torch.uint16]
@@ -92,12 +94,17 @@ def test_every_encodable_value_round_trips_exactly(value):
 class Child:
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # importing torch can take longer than an answer may (a loaded machine, make test-xla's torch_xla):
+        # the answers' timeout starts once the child is ready
+        ready, _, _ = select.select([self.proc.stdout], [], [], STARTUP_TIMEOUT_S)
+        line = self.proc.stdout.readline().decode().strip() if ready else ""
+        if line != "ready":
+            self.proc.kill()
+            raise AssertionError(f"the decoder did not start within {STARTUP_TIMEOUT_S} s (said {line!r})")
 
     def decode(self, data: bytes) -> str:
         self.proc.stdin.write(len(data).to_bytes(4, "little") + data)
         self.proc.stdin.flush()
-        import select
-
         ready, _, _ = select.select([self.proc.stdout], [], [], ANSWER_TIMEOUT_S)
         if not ready:
             self.proc.kill()
