@@ -24,7 +24,9 @@ def test_serial_queries():
     assert not pd.is_initialized() and pd.backend() is None
     assert (pd.get_rank(), pd.get_world_size(), pd.get_local_rank()) == (0, 1, 0)
     assert (pd.get_nproc_per_node(), pd.get_nnodes(), pd.get_node_rank()) == (1, 1, 0)
-    assert pd.is_main_process() and pd.device() == torch.device("cpu")
+    # serially, the current CUDA device where one is visible (tests/gpu checks that case), else the CPU
+    serial_device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    assert pd.is_main_process() and pd.device() == serial_device
     assert "gloo" in pd.available_backends()
     pd.finalize()
 
