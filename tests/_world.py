@@ -169,6 +169,7 @@ class World:
         else:
             for name in [k for k in env if k.startswith(LAUNCHER_VARIABLES)]:
                 del env[name]  # a fresh job, not a nested one
+            env["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"  # subgroups (process sets); the world tests marked subgroups
         port = str(server.getsockname()[1])
         n = str(self.size)
         launcher = [mpiexec(), "-n", n] if self.how == "mpi" else [horovodrun(), "-np", n, "-H", f"localhost:{n}", "--gloo"]

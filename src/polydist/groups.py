@@ -137,7 +137,10 @@ def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup",
     its input. ``kwargs`` (e.g. ``backend``, ``timeout``) go to
     ``torch.distributed.new_group`` the first time; ``timeout`` defaults to
     the world's (``initialize(timeout=)``), where torch would give the
-    subgroup its own default.
+    subgroup its own default. On the horovod backend a group is a Horovod
+    process set, which the whole job adds: there every rank must call
+    ``new_group`` (or a collective with the rank list) for each group, in the
+    same order, as ``torch.distributed.new_group`` requires by default.
 
     Examples:
         >>> group = pdist.new_group([0, 1])              # on every rank of 4
@@ -148,7 +151,8 @@ def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup",
         TypeError: a rank that is not an int.
         ValueError: a rank outside the world, a repeated rank, an empty list.
         NotImplementedError: fewer ranks than the world on the horovod
-            backend (on every rank that calls; Horovod has no subgroups).
+            backend without Horovod's dynamic process sets (on every rank
+            that calls).
         NotInitializedError: launched but no process group yet. A serial run
             (no group) gets ``ranks`` back as a list, as from
             ``ignite.distributed.new_group``; collectives take it as ``group=``.
@@ -173,10 +177,17 @@ def has_subgroups(state: World) -> bool:
 
 
 def _check_backend_has_subgroups(state: World, key: tuple[int, ...]) -> None:
-    """Raise NotImplementedError for a subgroup of a world without subgroups (horovod), on members and non-members alike."""
-    no_subgroups = registry.get(dist.get_backend(state.pg)).no_subgroups
-    if len(key) < state.size and no_subgroups is not None:
-        raise no_subgroups(list(key))
+    """On members and non-members alike: raise NotImplementedError for a subgroup of a world without
+    subgroups (horovod without dynamic process sets), else let a backend whose groups need every rank
+    (horovod's process sets) register it."""
+    if len(key) == state.size:
+        return
+    entry = registry.get(dist.get_backend(state.pg))
+    error = entry.no_subgroups(list(key)) if entry.no_subgroups is not None else None
+    if error is not None:
+        raise error
+    if entry.add_group is not None:
+        entry.add_group(list(key))
 
 
 def _group_of(state: World, key: tuple[int, ...], kwargs: dict) -> "dist.ProcessGroup":
@@ -233,6 +244,7 @@ def _make(state: World, key: Any) -> Optional[Resolved]:
     if isinstance(key, tuple):
         ranks = _check_ranks(key, state.size)
         if state.rank not in ranks:
+            _check_backend_has_subgroups(state, ranks)  # horovod: a non-member registers the process set too
             return None
         pg = _group_of(state, ranks, {})
         res = state.resolved.get(pg) or Resolved(pg, ranks, state.rank)

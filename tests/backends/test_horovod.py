@@ -198,12 +198,21 @@ def test_ddp_trains_on_the_horovod_group(hvd3):
 # ------------------------------------------------------------ what Horovod lacks: a clear error on every rank
 
 
+def _new_group_without_dynamic_sets():
+    """pd.new_group as in a Horovod started without HOROVOD_DYNAMIC_PROCESS_SETS (the test worlds start with it)."""
+    os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "0"
+    try:
+        return pd.new_group([0, 1])
+    finally:
+        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+
+
 def _lacking():
     errors = {}
     for what, call in (
         ("send", lambda: pd.send(torch.ones(1), dst=(pd.get_rank() + 1) % 3)),
         ("torch recv", lambda: dist.recv(torch.ones(1), src=(pd.get_rank() + 1) % 3)),
-        ("new_group", lambda: pd.new_group([0, 1])),
+        ("new_group", _new_group_without_dynamic_sets),
     ):
         try:
             call()
@@ -219,6 +228,40 @@ def test_point_to_point_and_subgroups_raise_on_every_rank(hvd3):
         assert "recv: the horovod backend has no point-to-point" in errors["torch recv"]
         assert "group [0, 1]: the horovod backend has no subgroups" in errors["new_group"]  # rank 2 (no member) too
     assert hvd3.run(pd.all_reduce, 1) == [3, 3, 3]  # the world goes on
+
+
+# ------------------------------------------------------------ subgroups: Horovod process sets
+
+
+def _subgroups():
+    r = pd.get_rank()
+    pair = pd.new_group([2, 0])  # every rank calls: Horovod's process sets are added by the whole job
+    out = {"non_member": pair == pd.NON_GROUP_MEMBER, "again": pd.new_group([0, 2]) is pair}
+    if r != 1:
+        x = torch.tensor([float(r + 1)])
+        pd.all_reduce(x, group=pair)
+        b = torch.tensor([r], dtype=torch.int16)
+        dist.broadcast(b, src=2, group=pair)  # a global rank, as torch.distributed takes it
+        out.update(sum=x.item(), broadcast=b.item(),
+                   all_gather=pd.all_gather(torch.tensor([r]), group=[0, 2]).tolist(),
+                   reduce=pd.reduce(torch.tensor([r + 1]), dst=2, group=pair).tolist(),
+                   scatter=pd.scatter([torch.tensor([10]), torch.tensor([12])] if r == 2 else None, src=2, group=pair).tolist(),
+                   objects=pd.all_gather({"rank": r}, group=pair))
+        dist.barrier(group=pair)
+    mine = pd.new_group([0, 1] if r < 2 else [2])  # each rank its own new group at once: the sets are agreed first
+    out["own"] = pd.all_reduce(torch.tensor([1]), group=mine).item()
+    out["world"] = pd.all_reduce(torch.tensor([1])).item()
+    return out
+
+
+def test_subgroups_are_process_sets_every_rank_registers(hvd3):
+    a, b, c = hvd3.run(_subgroups)
+    assert b == {"non_member": True, "again": True, "own": 2, "world": 3}  # rank 1: NON_GROUP_MEMBER
+    for r, got in ((0, a), (2, c)):
+        assert got["again"] and not got["non_member"] and got["sum"] == 4.0 and got["broadcast"] == 2
+        assert got["all_gather"] == [0, 2] and got["objects"] == [{"rank": 0}, {"rank": 2}]
+        assert got["reduce"] == ([4] if r == 2 else [1]) and got["scatter"] == [10 if r == 0 else 12]
+        assert got["own"] == (2 if r == 0 else 1) and got["world"] == 3
 
 
 # ------------------------------------------------------------ idist's horovod semantics

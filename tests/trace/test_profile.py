@@ -240,6 +240,7 @@ def _subgroup_and_p2p():
 
 @pytest.mark.timeout(120)
 @pytest.mark.subgroups
+@pytest.mark.p2p
 def test_subgroups_point_to_point_and_nesting(world3):
     results = world3.run(_subgroup_and_p2p)
     summary = results[0][0]

@@ -52,8 +52,11 @@ class Backend:
         reduce_keeps_input: ``reduce`` leaves the non-destination ranks' inputs untouched (gloo writes
             partial results into them; unknown backends are assumed to, to be safe).
         native_avg: it has a ``ReduceOp.AVG`` that matches SUM-then-divide.
-        no_subgroups: None when it makes groups of fewer ranks than the world; else the error for
-            such a group of the given global ranks.
+        no_subgroups: None when its members alone make groups of fewer ranks than the world; else
+            the error for such a group of the given global ranks, or None where this job can make it
+            with every rank's help (``add_group``; horovod with dynamic process sets).
+        add_group: ``(ranks)``, called on every rank, members and not, before a group of fewer
+            ranks is made: the backend's groups need the whole job (Horovod's process sets).
         point_to_point: it has send/recv.
         init_url: the init method by which its ranks meet (``"mpi://"``), when not torch's (env://, tcp://).
         hosts_rendezvous: ``(info)``, whether every backend's ranks meet by its ``init_url`` in this
@@ -102,7 +105,8 @@ class Backend:
     default_for: Optional[str] = None
     reduce_keeps_input: bool = False
     native_avg: bool = False
-    no_subgroups: Optional[Callable[[list], Exception]] = None
+    no_subgroups: Optional[Callable[[list], Optional[Exception]]] = None
+    add_group: Optional[Callable[[list], None]] = None
     point_to_point: bool = True
     init_url: Optional[str] = None
     hosts_rendezvous: Optional[Callable[[Any], bool]] = None

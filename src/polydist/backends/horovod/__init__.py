@@ -32,16 +32,32 @@ def available() -> bool:
 
 
 def _create(opts: Any, backend_options: Any = None) -> HorovodProcessGroup:
-    """torch.distributed's creator hook: the group over Horovod's global process set.
+    """torch.distributed's creator hook: the group over Horovod's global process set, or a subgroup's set.
+
+    A subgroup's process set must have been registered on every rank first
+    (:func:`polydist.new_group`, whose non-members register it too): torch
+    calls this hook on the members only, and a set that only they added would
+    wait for the others forever.
 
     Raises:
-        NotImplementedError: a subgroup (Horovod's process sets cannot be added by its members alone).
+        NotImplementedError: a subgroup without dynamic process sets, or one
+            ``torch.distributed.new_group`` asked for directly.
         RuntimeError: torch's rank or size differs from Horovod's.
     """
     h = job.start()
     ranks = list(opts.global_ranks_in_group or [])
     if ranks and ranks != list(range(h.size())):
-        raise no_subgroups(ranks)
+        error = no_subgroups(ranks)
+        if error is not None:
+            raise error
+        found = job.registered_set(ranks)
+        if found is None:
+            raise NotImplementedError(
+                f"group {ranks}: a Horovod process set must be added by every rank of the job, and "
+                "torch.distributed.new_group creates the group on its members only; call polydist.new_group "
+                f"({ranks}) on every rank instead"
+            )
+        return HorovodProcessGroup(opts.group_rank, opts.group_size, found)
     if h.rank() != opts.group_rank or h.size() != opts.group_size:
         raise RuntimeError(
             f"{BACKEND_NAME}: torch.distributed expects rank {opts.group_rank} of {opts.group_size}, Horovod has "
@@ -50,11 +66,15 @@ def _create(opts: Any, backend_options: Any = None) -> HorovodProcessGroup:
     return HorovodProcessGroup(h.rank(), h.size())
 
 
-def no_subgroups(ranks: list) -> NotImplementedError:
-    """The error for a group of ``ranks`` (fewer than the world) on the horovod backend."""
+def no_subgroups(ranks: list) -> Optional[NotImplementedError]:
+    """The error for a group of ``ranks`` (fewer than the world) on the horovod backend; None when Horovod's
+    dynamic process sets are on (``HOROVOD_DYNAMIC_PROCESS_SETS=1`` before ``hvd.init``)."""
+    if job.dynamic_sets():
+        return None
     return NotImplementedError(
-        f"group {ranks}: the {BACKEND_NAME} backend has no subgroups (a Horovod process set must be added by every "
-        "rank of the job, torch creates a group on its members only); use the world group, or the gloo or mpi backend"
+        f"group {ranks}: the {BACKEND_NAME} backend has no subgroups without Horovod's dynamic process sets; set "
+        "HOROVOD_DYNAMIC_PROCESS_SETS=1 before Horovod starts (every operation then costs more: see the backend "
+        "guide), use the world group, or the gloo or mpi backend"
     )
 
 
@@ -89,9 +109,10 @@ def _advice(info: ProcessInfo, who: str) -> Optional[str]:
 
 
 # Horovod's own dtypes natively, the rest gathered and reduced by torch on the CPU, which has no min/max
-# for uint16/32/64 (measured on torch 2.13). No point-to-point; no subgroups; idist's "horovod-dist".
+# for uint16/32/64 (measured on torch 2.13). No point-to-point; subgroups are process sets that every rank
+# registers, only with dynamic process sets; idist's "horovod-dist".
 HOROVOD = registry.declare(registry.Backend(
-    BACKEND_NAME, no_subgroups=no_subgroups, point_to_point=False, init_url="horovod://", resolve=_resolve,
+    BACKEND_NAME, no_subgroups=no_subgroups, add_group=job.process_set, point_to_point=False, init_url="horovod://", resolve=_resolve,
     mover=registry.DIRECT, check_join=_check_join, model_name="horovod-dist", training=hvd, launch_advice=_advice,
     register=register, adopt=job.adopt,
     reductions=ops.Reductions(

@@ -1,16 +1,23 @@
-"""What a Horovod job needs besides the process group: the ``horovod://`` rendezvous.
+"""What a Horovod job needs besides the process group: the ``horovod://`` rendezvous and process sets.
 
 Under ``horovodrun`` (or ``horovod.run``) Horovod knows every rank already;
 ``horovod://`` starts Horovod (``hvd.init()``), takes rank and world size
 from it, and serves rank 0's TCP store (torch.distributed needs one) at a
 port announced over Horovod, so no MASTER_ADDR/MASTER_PORT is needed.
+
+Subgroups are Horovod process sets (:func:`process_set`), which exist only
+when Horovod was started with dynamic process sets
+(``HOROVOD_DYNAMIC_PROCESS_SETS=1`` before ``hvd.init``, as ignite sets it on
+import); ``hvd.add_process_set`` is collective over the whole job, so every
+rank, member or not, registers each set, in the same order.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -19,9 +26,10 @@ import torch.distributed as dist
 from ..store import check_requested, serve_store
 from .process_group import hvd
 
-__all__ = ["rendezvous", "start", "stop", "adopt"]
+__all__ = ["rendezvous", "start", "stop", "adopt", "dynamic_sets", "process_set", "registered_set"]
 
 _started = False  # whether polydist called hvd.init() (and so shuts Horovod down in finalize)
+_sets: dict = {}  # sorted global ranks -> the hvd.ProcessSet this process registered for them
 
 
 def start() -> Any:
@@ -37,9 +45,46 @@ def start() -> Any:
 def stop() -> None:
     """Shut Horovod down if polydist started it (``finalize``); a Horovod the program started is left running."""
     global _started
+    _sets.clear()  # Horovod forgets its process sets at shutdown
     if _started:
         _started = False
         hvd().shutdown()
+
+
+def dynamic_sets() -> bool:
+    """Whether Horovod's dynamic process sets are on: ``HOROVOD_DYNAMIC_PROCESS_SETS`` a positive integer, which
+    ``hvd.init`` reads (``hvd.init(process_sets="dynamic")`` sets it to 1)."""
+    try:
+        return int(os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0")) > 0
+    except ValueError:
+        return False
+
+
+def process_set(ranks: list) -> Any:
+    """The Horovod process set of global ``ranks``, added (``hvd.add_process_set``) the first time on this rank.
+
+    ``hvd.add_process_set`` is collective over the whole job and Horovod aborts the job when its ranks add
+    different sets, while torch lets each rank create only its own group (ranks 0, 2 make [0, 2] as 1, 3
+    make [1, 3]). So the ranks first all-gather which set each asks for and every rank adds all of them,
+    in rank order: every rank must reach this call at the same point, for one set each. Callers check
+    :func:`dynamic_sets` first.
+    """
+    key = tuple(sorted(ranks))
+    if key not in _sets:
+        h = start()
+        wanted = torch.zeros(1, h.size(), dtype=torch.uint8)
+        wanted[0, list(key)] = 1
+        rows = h.allgather(wanted, name=f"polydist.process_sets.{len(_sets)}")
+        for row in rows.tolist():
+            asked = tuple(r for r, member in enumerate(row) if member)
+            if asked not in _sets:
+                _sets[asked] = h.add_process_set(list(asked))
+    return _sets[key]
+
+
+def registered_set(ranks: list) -> Optional[Any]:
+    """The process set :func:`process_set` registered for ``ranks`` on this rank, or None."""
+    return _sets.get(tuple(sorted(ranks)))
 
 
 def adopt() -> bool:

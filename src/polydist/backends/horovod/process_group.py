@@ -30,10 +30,11 @@ How torch.distributed's operations map onto Horovod's (``horovod.torch``
 * **send/recv** raise ``NotImplementedError``: a Horovod operation needs
   every rank of its process set, and torch's point-to-point involves two;
   nothing Horovod offers can carry it without the other ranks' cooperation.
-* **Subgroups** are not available either (``new_group`` of fewer ranks
-  raises ``NotImplementedError``): Horovod's process sets must be added by
-  every rank of the job, torch creates a subgroup's backend on its members
-  only. ``ignite.distributed`` raises the same for groups on Horovod.
+* **Subgroups** are Horovod process sets (``process_set=`` on every call
+  above; broadcast roots are global ranks, as Horovod takes them), added by
+  every rank of the job (:func:`polydist.backends.horovod.job.process_set`),
+  only with ``HOROVOD_DYNAMIC_PROCESS_SETS=1``; without, ``new_group`` of
+  fewer ranks raises ``NotImplementedError``.
 
 Inputs may alias outputs (FSDP2 all-gathers in place): Horovod returns new
 tensors, which are copied into the outputs after the exchange has read the
@@ -101,7 +102,7 @@ def _reduce_plan(t: torch.Tensor, op: Any) -> tuple[str, str]:
 
 
 class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
-    """A ``torch.distributed`` process group over Horovod's global process set.
+    """A ``torch.distributed`` process group over Horovod's global process set, or a subgroup's set.
 
     Created by torch.distributed (``init_process_group("horovod")``, which
     polydist's ``initialize("horovod")`` calls under ``horovodrun``), not by
@@ -119,26 +120,29 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
 
     no_p2p_reason = "(a Horovod operation needs every rank of its process set); use the gloo or mpi backend for send/recv"
 
-    def __init__(self, rank: int, size: int) -> None:
+    def __init__(self, rank: int, size: int, process_set: Any = None) -> None:
         super().__init__(rank, size, BACKEND_NAME)
         self._count = 0  # operations issued: names them, the same on every rank
+        # a subgroup's hvd.ProcessSet goes to every call; Horovod's roots are global ranks
+        self._set = {} if process_set is None else {"process_set": process_set}
+        self._global_ranks = list(range(size)) if process_set is None else list(process_set.ranks)
 
     def __repr__(self) -> str:
-        return f"<HorovodProcessGroup rank={self.rank()} size={self.size()}>"
+        return f"<HorovodProcessGroup rank={self.rank()} size={self.size()} ranks={self._global_ranks}>"
 
-    def _name(self, op: str) -> str:
-        """A name for the next Horovod operation: Horovod pairs the ranks' calls by name."""
+    def _on(self, op: str) -> dict:
+        """The keywords of the next Horovod operation: a name (Horovod pairs the ranks' calls by name), the set."""
         self._count += 1
-        return f"polydist.{self._group_name or 'world'}.{op}.{self._count}"
+        return {"name": f"polydist.{self._group_name or 'world'}.{op}.{self._count}", **self._set}
 
     # ------------------------------------------------------------ the Horovod calls (on the lane)
 
     def _all_gather_bytes(self, flat: torch.Tensor) -> torch.Tensor:
         """Every rank's ``flat`` bytes, ``[world size, n]`` (every rank must give the same ``n``)."""
-        return hvd().allgather(flat.reshape(1, -1), name=self._name("allgather"))
+        return hvd().allgather(flat.reshape(1, -1), **self._on("allgather"))
 
     def _all_to_all_bytes(self, flat: torch.Tensor, splits: list[int]) -> torch.Tensor:
-        out, _ = hvd().alltoall(flat, splits=splits, name=self._name("alltoall"))
+        out, _ = hvd().alltoall(flat, splits=splits, **self._on("alltoall"))
         return out
 
     def _reduce_now(self, t: torch.Tensor, plan: tuple[str, str]) -> None:
@@ -151,7 +155,7 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
             t.copy_(reduce_rows(rows, name, t.dtype).view(t.shape))
             return
         work = t.float() if how == "wide" else torch.view_as_real(t) if how == "real" else t
-        hvd().allreduce_(work, op=getattr(hvd(), _HVD_OPS[name]), name=self._name("allreduce"))
+        hvd().allreduce_(work, op=getattr(hvd(), _HVD_OPS[name]), **self._on("allreduce"))
         if work is not t and how == "wide":
             t.copy_(work)
 
@@ -181,7 +185,7 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
         size = self.size()
         if how == "native" and name in ("SUM", "AVG") and output.numel():
             rows = input.reshape(size, -1).contiguous()
-            mine = hvd().reducescatter(rows, op=getattr(hvd(), _HVD_OPS[name]), name=self._name("reducescatter"))
+            mine = hvd().reducescatter(rows, op=getattr(hvd(), _HVD_OPS[name]), **self._on("reducescatter"))
         else:
             whole = input.clone(memory_format=torch.contiguous_format)
             self._reduce_now(whole, plan)
@@ -192,7 +196,7 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
 
     def _broadcast_now(self, c: torch.Tensor, root: int) -> None:
         if c.numel():
-            hvd().broadcast_(bytes_of(c), root, name=self._name("broadcast"))
+            hvd().broadcast_(bytes_of(c), self._global_ranks[root], **self._on("broadcast"))
 
     def _allgather_into(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         bytes_of(dst).copy_(self._all_gather_bytes(bytes_of(src)).reshape(-1))
@@ -217,7 +221,7 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
         bytes_of(dst).copy_(got)
 
     def _barrier_now(self) -> None:
-        hvd().barrier()
+        hvd().barrier(**self._set)
 
     # ------------------------------------------------------------ polydist's direct calls (blocking)
 
@@ -230,7 +234,7 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
         def run() -> tuple[Any, torch.Tensor]:
             heads = self._all_gather_bytes(torch.frombuffer(bytearray(header), dtype=torch.uint8))
             p, out = plan(heads.numpy().tobytes())
-            self._land(hvd().allgather(bytes_of(body), name=self._name("allgather")), out, p.total)
+            self._land(hvd().allgather(bytes_of(body), **self._on("allgather")), out, p.total)
             return p, out
 
         return self._in_lane("all_gather", [body], run)
