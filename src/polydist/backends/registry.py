@@ -23,7 +23,7 @@ from .direct import DirectProcessGroup
 
 __all__ = [
     "Backend", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
-    "register_all", "model_names", "DIRECT", "SLOTS", "adopt_any", "registrar",
+    "register_all", "model_names", "DIRECT", "SLOTS", "adopt_any", "registrar", "resolve_once_registered",
 ]
 
 # How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
@@ -219,6 +219,21 @@ def registrar(name: str, available: Callable[[], bool], create: Callable, scheme
         return True
 
     return register
+
+
+def resolve_once_registered(name: str, register: Callable[[], bool], missing: str) -> Callable[[str], str]:
+    """A :attr:`Backend.resolve` for a backend that needs a package: ``name`` once ``register()`` succeeds, else
+    ``ValueError`` naming the backend asked for, ``missing`` (what is not installed) and, in ignite's words, the
+    backends there are."""
+
+    def resolve(asked: str) -> str:
+        if not register():
+            raise ValueError(
+                f"Unknown backend {asked!r}: {missing}. Backend should be one of {', '.join(available_names())}"
+            )
+        return name
+
+    return resolve
 
 
 def rendezvous_for(entry: Backend, info: Any) -> Optional[Backend]:

@@ -82,13 +82,9 @@ register = registry.registrar(BACKEND_NAME, available, _create, "horovod", job.r
 """Register backend ``"horovod"`` and the ``horovod://`` init method; False when Horovod is not installed."""
 
 
-def _resolve(name: str) -> str:
-    if not register():
-        raise ValueError(
-            f"Unknown backend {name!r}: Horovod is not installed (make horovod builds it). "
-            f"Backend should be one of {', '.join(registry.available_names())}"  # ignite's words
-        )
-    return BACKEND_NAME
+_resolve = registry.resolve_once_registered(
+    BACKEND_NAME, register, "Horovod is not installed (make horovod builds it)"
+)
 
 
 def _check_join(info: ProcessInfo, name: str) -> None:

@@ -176,13 +176,9 @@ register = registry.registrar(BACKEND_NAME, available, _create, "xla-tpu", rende
 """Register backend ``"xla-tpu"`` and the ``xla-tpu://`` init method; False when torch_xla is not installed."""
 
 
-def _resolve(name: str) -> str:
-    if not register():
-        raise ValueError(
-            f"Unknown backend {name!r}: torch_xla is not installed (make test-xla makes a venv with it). "
-            f"Backend should be one of {', '.join(registry.available_names())}"  # ignite's words
-        )
-    return BACKEND_NAME
+_resolve = registry.resolve_once_registered(
+    BACKEND_NAME, register, "torch_xla is not installed (make test-xla makes a venv with it)"
+)
 
 
 # Byte buffers on the CPU (the direct calls' contract), tensors computed on torch_xla.device().
