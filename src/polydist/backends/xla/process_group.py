@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from ...ops import check_op_dtype, resolve_op
 from ..python_group import NoPointToPoint, PythonProcessGroup, opt
-from ..tensors import byte_counts, check_outputs as _check_outputs, reduce_rows, unflatten
+from ..tensors import byte_counts, bytes_of, check_outputs as _check_outputs, reduce_rows, unflatten
 from ..work import LaneWork
 
 __all__ = ["XlaProcessGroup", "BACKEND_NAME", "xm", "xla_device"]
@@ -68,8 +68,7 @@ def xla_device() -> torch.device:
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor's memory as a flat uint8 tensor (``t`` made contiguous first)."""
-    t = t.detach().cpu().contiguous()
-    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    return bytes_of(t.detach().cpu().contiguous())
 
 
 class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
