@@ -166,9 +166,9 @@ def new_group(ranks: Sequence[int], **kwargs: Any) -> Union["dist.ProcessGroup",
         return list(ranks)  # serial: the list itself, as ignite (group= takes lists)
     key = _check_ranks(ranks, state.size)
     if state.rank not in key:
-        _check_backend_has_subgroups(state, key)  # the members raise it too, in _group_of
+        _check_backend_has_subgroups(state, key, every_rank=True)  # the members raise it too, in _group_of
         return NON_MEMBER
-    return _group_of(state, key, kwargs)
+    return _group_of(state, key, kwargs, every_rank=True)
 
 
 def has_subgroups(state: World) -> bool:
@@ -176,10 +176,11 @@ def has_subgroups(state: World) -> bool:
     return registry.get(dist.get_backend(state.pg)).no_subgroups is None
 
 
-def _check_backend_has_subgroups(state: World, key: tuple[int, ...]) -> None:
+def _check_backend_has_subgroups(state: World, key: tuple[int, ...], every_rank: bool) -> None:
     """On members and non-members alike: raise NotImplementedError for a subgroup of a world without
     subgroups (horovod without dynamic process sets), else let a backend whose groups need every rank
-    (horovod's process sets) register it."""
+    (horovod's process sets) register it. ``every_rank``: the caller is ``new_group``, which every rank
+    calls each time, so the backend agrees with the other ranks even on a group this rank has."""
     if len(key) == state.size:
         return
     entry = registry.get(dist.get_backend(state.pg))
@@ -187,13 +188,14 @@ def _check_backend_has_subgroups(state: World, key: tuple[int, ...]) -> None:
     if error is not None:
         raise error
     if entry.add_group is not None:
-        entry.add_group(list(key))
+        entry.add_group(list(key), every_rank=every_rank)
 
 
-def _group_of(state: World, key: tuple[int, ...], kwargs: dict) -> "dist.ProcessGroup":
+def _group_of(state: World, key: tuple[int, ...], kwargs: dict, every_rank: bool = False) -> "dist.ProcessGroup":
     pg = state.groups.get(key)
+    if pg is None or every_rank:
+        _check_backend_has_subgroups(state, key, every_rank)
     if pg is None:
-        _check_backend_has_subgroups(state, key)
         if kwargs.get("timeout") is None and state.timeout is not None:
             kwargs["timeout"] = state.timeout
         with _torch.groups_named_by_ranks():
@@ -244,7 +246,7 @@ def _make(state: World, key: Any) -> Optional[Resolved]:
     if isinstance(key, tuple):
         ranks = _check_ranks(key, state.size)
         if state.rank not in ranks:
-            _check_backend_has_subgroups(state, ranks)  # horovod: a non-member registers the process set too
+            _check_backend_has_subgroups(state, ranks, every_rank=False)  # horovod: a non-member registers the set too
             return None
         pg = _group_of(state, ranks, {})
         res = state.resolved.get(pg) or Resolved(pg, ranks, state.rank)

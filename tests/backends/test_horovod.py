@@ -248,6 +248,8 @@ def _subgroups():
                    scatter=pd.scatter([torch.tensor([10]), torch.tensor([12])] if r == 2 else None, src=2, group=pair).tolist(),
                    objects=pd.all_gather({"rank": r}, group=pair))
         dist.barrier(group=pair)
+    mixed = pd.new_group([0, 2] if r != 1 else [1])  # 0 and 2 reuse their set while 1 makes one: they still meet
+    out["mixed"] = (mixed is pair) if r != 1 else pd.all_reduce(torch.tensor([5]), group=mixed).item()
     mine = pd.new_group([0, 1] if r < 2 else [2])  # each rank its own new group at once: the sets are agreed first
     out["own"] = pd.all_reduce(torch.tensor([1]), group=mine).item()
     out["world"] = pd.all_reduce(torch.tensor([1])).item()
@@ -256,9 +258,9 @@ def _subgroups():
 
 def test_subgroups_are_process_sets_every_rank_registers(hvd3):
     a, b, c = hvd3.run(_subgroups)
-    assert b == {"non_member": True, "again": True, "own": 2, "world": 3}  # rank 1: NON_GROUP_MEMBER
+    assert b == {"non_member": True, "again": True, "mixed": 5, "own": 2, "world": 3}  # rank 1: NON_GROUP_MEMBER
     for r, got in ((0, a), (2, c)):
-        assert got["again"] and not got["non_member"] and got["sum"] == 4.0 and got["broadcast"] == 2
+        assert got["again"] and got["mixed"] and not got["non_member"] and got["sum"] == 4.0 and got["broadcast"] == 2
         assert got["all_gather"] == [0, 2] and got["objects"] == [{"rank": 0}, {"rank": 2}]
         assert got["reduce"] == ([4] if r == 2 else [1]) and got["scatter"] == [10 if r == 0 else 12]
         assert got["own"] == (2 if r == 0 else 1) and got["world"] == 3

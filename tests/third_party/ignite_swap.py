@@ -9,6 +9,12 @@ of them is imported, only their imports of ``ignite.distributed``:
   public names (``a``) from ``polydist``, the private ones (``_b``: ignite's
   internals, such as ``_model`` or ``_set_model``) still from ignite.
 
+And one line that is not an import: ``test_launcher.py``'s ``execute()``
+sets its subprocesses' ``PYTHONPATH`` to ignite's folder alone, so the
+scripts it starts (torchrun, horovodrun, ``python check_idist_parallel.py``)
+would run on ignite itself; the rewrite keeps this process's ``PYTHONPATH``
+after ignite's folder, so that ``ignite_site`` carries the swap into them.
+
 Everything else, ignite's ``Engine`` and metrics included, stays ignite's.
 A shipped file run as a script (``check_idist_parallel.py``, in a process
 whose ``PYTHONPATH`` still holds ``ignite_site``, whose ``sitecustomize``
@@ -30,9 +36,14 @@ HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ignite")
 _FROM = re.compile(r"^(?P<indent>\s*)from ignite\.distributed(?P<sub>\.(?:auto|utils|launcher))? import (?P<names>[^()\n]+)$")
 
 
+_EXECUTE_PATH = 'env["PYTHONPATH"] = f"{os.path.dirname(ignite.__path__[0])}"'
+
+
 def swap(source: str) -> str:
     out = []
     for line in source.splitlines():
+        if line.strip() == _EXECUTE_PATH:
+            line += ' + os.pathsep + os.environ.get("PYTHONPATH", "")'
         if line.strip() == "import ignite.distributed as idist":
             line = line.replace("import ignite.distributed as idist", "import polydist as idist")
         match = _FROM.match(line)
@@ -101,14 +112,21 @@ def _ignite_distributed_path() -> list:
     return [os.path.join(folder, "distributed") for folder in ignite.submodule_search_locations] if ignite else []
 
 
+_SCRIPT_CHILD = "IGNITE_SWAP_SCRIPT_CHILD"
+
+
 class _ScriptFinder(importlib.abc.MetaPathFinder):
-    """``ignite.distributed`` is polydist's public API in a process whose main script is a shipped file."""
+    """``ignite.distributed`` is polydist's public API in a process whose main script is a shipped file, and in
+    the processes that script starts (``horovod.run``'s workers, whose main is Horovod's, unpickle the script's
+    functions, which name ``ignite.distributed``): the environment variable marks them."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != "ignite.distributed":
             return None
         main = getattr(sys.modules.get("__main__"), "__file__", None) or ""
-        if not os.path.abspath(main).startswith(HERE + os.sep):
+        if os.path.abspath(main).startswith(HERE + os.sep):
+            os.environ[_SCRIPT_CHILD] = "1"
+        elif os.environ.get(_SCRIPT_CHILD) != "1":
             return None
         spec = importlib.util.spec_from_loader(fullname, _PolydistAsIdist(), is_package=True)
         spec.submodule_search_locations[:] = _ignite_distributed_path()

@@ -55,8 +55,10 @@ class Backend:
         no_subgroups: None when its members alone make groups of fewer ranks than the world; else
             the error for such a group of the given global ranks, or None where this job can make it
             with every rank's help (``add_group``; horovod with dynamic process sets).
-        add_group: ``(ranks)``, called on every rank, members and not, before a group of fewer
-            ranks is made: the backend's groups need the whole job (Horovod's process sets).
+        add_group: ``(ranks, every_rank=...)``, called on every rank, members and not, before a group of
+            fewer ranks is made: the backend's groups need the whole job (Horovod's process sets).
+            ``every_rank=True`` from ``new_group``, which every rank calls each time (the backend agrees
+            with the others even on a group it has); False for a rank list given to a collective.
         point_to_point: it has send/recv.
         init_url: the init method by which its ranks meet (``"mpi://"``), when not torch's (env://, tcp://).
         hosts_rendezvous: ``(info)``, whether every backend's ranks meet by its ``init_url`` in this

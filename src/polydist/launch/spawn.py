@@ -9,6 +9,7 @@ in each process after :func:`polydist.initialize`. Semantics of ignite's
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any, Callable, Optional
 
@@ -192,6 +193,19 @@ def _check_parallel(
         check_node_rank(node_rank, 1)
 
 
+def _parallel_logger() -> logging.Logger:
+    """``Parallel``'s log, as idist's (``ignite.utils.setup_logger``): INFO lines to stderr on rank 0, nothing
+    elsewhere. ``logging.getLogger("polydist.Parallel").setLevel(logging.WARNING)`` silences it."""
+    log = logging.getLogger("polydist.Parallel")
+    if not log.handlers:  # set up once per process, after initialize (as idist), so the rank is known
+        handler = logging.StreamHandler() if context.get_rank() == 0 else logging.NullHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
+
+
 class Parallel:
     """Context manager that runs a function on every rank, however the job was launched.
 
@@ -219,6 +233,11 @@ class Parallel:
             joined).
         **spawn_kwargs: the rest of :func:`spawn`'s keywords (``timeout``,
             ``max_restarts``).
+
+    Logs its steps as idist's ``Parallel`` does, in idist's words (INFO, to
+    stderr, rank 0 only; logger ``polydist.Parallel``): the backend and the
+    spawn parameters on entry, ``Spawn function ... in N processes`` or
+    ``- Run ... in N processes``, then ``End of run``.
 
     Raises:
         ValueError: at construction, as ``ignite.distributed.Parallel``: an
@@ -259,6 +278,14 @@ class Parallel:
             if self.spawn_kwargs["init_method"]:
                 init["init_method"] = self.spawn_kwargs["init_method"]
             context.initialize(self.backend, **init)
+        log = _parallel_logger()
+        if self.backend is not None and self.nproc_per_node is None:
+            log.info(f"Initialized processing group with backend: '{self.backend}'")
+        elif self.backend is not None:
+            log.info(f"Initialized distributed launcher with backend: '{self.backend}'")
+            params = {"nproc_per_node": self.nproc_per_node, **self.spawn_kwargs}
+            listed = "\n\t".join(f"{key}: {value}" for key, value in params.items() if value is not None)
+            log.info(f"- Parameters to spawn processes: \n\t{listed}")
         return self
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -267,10 +294,18 @@ class Parallel:
         Returns the list of this node's return values when spawning, else this
         rank's return value.
         """
+        log = _parallel_logger()
         if self.nproc_per_node is None:
-            return fn(context.get_local_rank(), *args, **kwargs)
-        return spawn(self.backend, fn, args, kwargs, self.nproc_per_node, **self.spawn_kwargs)
+            log.info(f"- Run '{fn}' in {context.get_world_size()} processes")
+            result = fn(context.get_local_rank(), *args, **kwargs)
+        else:
+            log.info(f"Spawn function '{fn}' in {self.nproc_per_node} processes")
+            result = spawn(self.backend, fn, args, kwargs, self.nproc_per_node, **self.spawn_kwargs)
+        log.info("End of run")
+        return result
 
     def __exit__(self, *exc: Any) -> None:
         if self.nproc_per_node is None:
+            if self.backend is not None:
+                _parallel_logger().info(f"Finalized processing group with backend: '{self.backend}'")
             context.finalize()

@@ -30,6 +30,7 @@ __all__ = ["rendezvous", "start", "stop", "adopt", "dynamic_sets", "process_set"
 
 _started = False  # whether polydist called hvd.init() (and so shuts Horovod down in finalize)
 _sets: dict = {}  # sorted global ranks -> the hvd.ProcessSet this process registered for them
+_asked = 0  # process_set calls so far: names their all-gathers, the same on every rank
 
 
 def start() -> Any:
@@ -44,8 +45,9 @@ def start() -> Any:
 
 def stop() -> None:
     """Shut Horovod down if polydist started it (``finalize``); a Horovod the program started is left running."""
-    global _started
+    global _started, _asked
     _sets.clear()  # Horovod forgets its process sets at shutdown
+    _asked = 0
     if _started:
         _started = False
         hvd().shutdown()
@@ -60,25 +62,31 @@ def dynamic_sets() -> bool:
         return False
 
 
-def process_set(ranks: list) -> Any:
+def process_set(ranks: list, every_rank: bool = False) -> Any:
     """The Horovod process set of global ``ranks``, added (``hvd.add_process_set``) the first time on this rank.
 
     ``hvd.add_process_set`` is collective over the whole job and Horovod aborts the job when its ranks add
     different sets, while torch lets each rank create only its own group (ranks 0, 2 make [0, 2] as 1, 3
     make [1, 3]). So the ranks first all-gather which set each asks for and every rank adds all of them,
-    in rank order: every rank must reach this call at the same point, for one set each. Callers check
-    :func:`dynamic_sets` first.
+    in rank order: every rank must reach this call at the same point, for one set each (as every rank calls
+    torch's ``new_group``). ``every_rank`` (``polydist.new_group``, which every rank calls each time): the
+    all-gather runs also for a set this rank already has, so that ranks asking for a known set and ranks
+    asking for a new one meet in it instead of hanging; without it (a rank list given to a collective) a
+    known set costs nothing. Callers check :func:`dynamic_sets` first.
     """
+    global _asked
     key = tuple(sorted(ranks))
-    if key not in _sets:
-        h = start()
-        wanted = torch.zeros(1, h.size(), dtype=torch.uint8)
-        wanted[0, list(key)] = 1
-        rows = h.allgather(wanted, name=f"polydist.process_sets.{len(_sets)}")
-        for row in rows.tolist():
-            asked = tuple(r for r, member in enumerate(row) if member)
-            if asked not in _sets:
-                _sets[asked] = h.add_process_set(list(asked))
+    if key in _sets and not every_rank:
+        return _sets[key]
+    h = start()
+    wanted = torch.zeros(1, h.size(), dtype=torch.uint8)
+    wanted[0, list(key)] = 1
+    _asked += 1
+    rows = h.allgather(wanted, name=f"polydist.process_sets.{_asked}")
+    for row in rows.tolist():
+        asked = tuple(r for r, member in enumerate(row) if member)
+        if asked not in _sets:
+            _sets[asked] = h.add_process_set(list(asked))
     return _sets[key]
 
 

@@ -127,6 +127,12 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
         self._set = {} if process_set is None else {"process_set": process_set}
         self._global_ranks = list(range(size)) if process_set is None else list(process_set.ranks)
 
+    @property
+    def ranks(self) -> list[int]:
+        """The group's global ranks, in group-rank order: ``hvd.ProcessSet.ranks``, which idist's
+        ``new_group`` returns on Horovod (ignite's ``_test_distrib_group`` reads ``group.ranks``)."""
+        return list(self._global_ranks)
+
     def __repr__(self) -> str:
         return f"<HorovodProcessGroup rank={self.rank()} size={self.size()} ranks={self._global_ranks}>"
 
