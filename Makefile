@@ -38,10 +38,14 @@ horovod: $(STAMP)
 	tools/build_horovod.sh $(BIN)/python $(VENV)/horovod-wheels
 
 # The horovod backend's tests, Horovod built first: the world tests on horovod worlds (ranks started by
-# horovodrun --gloo; POLYDIST_TEST_BACKENDS=horovod) and tests/backends/test_horovod.py (about 6 minutes).
+# horovodrun --gloo; POLYDIST_TEST_BACKENDS=horovod), tests/backends/test_horovod.py and the main job under
+# horovodrun; then, in a pytest of its own (the idle Horovod worlds of the first poll their cores), ignite's
+# Horovod tests on polydist (tests/third_party/test_ignite_suite.py, phase "horovod"). About 20 minutes.
 # make test skips them.
 test-horovod: horovod
-	POLYDIST_TEST_BACKENDS=horovod $(BIN)/python -m pytest -p no:cacheprovider -k horovod tests
+	POLYDIST_TEST_BACKENDS=horovod $(BIN)/python -m pytest -p no:cacheprovider -k horovod tests \
+		--ignore tests/third_party/test_ignite_suite.py
+	$(BIN)/python -m pytest -p no:cacheprovider -k horovod tests/third_party/test_ignite_suite.py
 
 # The xla-tpu backend (issue 30) in a venv of its own, $(VENV)-xla: torch_xla's last release, 2.9.0, pins torch 2.9.0,
 # whose PyPI wheel pulls ~4 GB of CUDA packages (a 7 GB venv, ~100 s to install with pip's cache warm); the main venv

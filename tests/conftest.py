@@ -71,8 +71,30 @@ def pytest_collection_modifyitems(config, items):
             continue
         if item.get_closest_marker("p2p"):
             item.add_marker(pytest.mark.skip(reason="the horovod backend has no point-to-point (NotImplementedError)"))
-        elif item.get_closest_marker("subgroups"):  # tests/backends/test_horovod.py runs Horovod's subgroups
-            item.add_marker(pytest.mark.skip(reason="creates groups on their members only; a Horovod process set needs every rank"))
+        elif item.get_closest_marker("subgroups") and "groups" not in item.get_closest_marker("subgroups").kwargs:
+            item.add_marker(pytest.mark.skip(reason="calls new_group on a group's members only; on horovod every rank calls it"))
+
+
+def _new_groups(groups: list) -> None:
+    import polydist as pd
+
+    for ranks in groups:
+        pd.new_group(ranks)
+
+
+@pytest.fixture(autouse=True)
+def _horovod_groups_on_every_rank(request):
+    """The every-rank form on horovod worlds: before a test marked ``subgroups(groups=[...])``, every rank calls
+    ``new_group`` for each of its groups, which the test then makes or uses on their members only (Horovod adds a
+    process set with the whole job; elsewhere the test runs as written)."""
+    marker = request.node.get_closest_marker("subgroups")
+    callspec = getattr(request.node, "callspec", None)
+    if marker is None or "groups" not in marker.kwargs or callspec is None:
+        return
+    if callspec.params.get("backend_kind") != "horovod" or not marker.kwargs["groups"]:
+        return
+    world = next(request.getfixturevalue(name) for name in ("world4", "world3", "world2") if name in request.fixturenames)
+    world.run(_new_groups, marker.kwargs["groups"])
 
 
 def _world(pool: WorldPool, size: int, kind: str) -> World:

@@ -146,7 +146,7 @@ def _subgroup_roots():
     return out
 
 
-@pytest.mark.subgroups
+@pytest.mark.subgroups(groups=[[0, 2], [1, 3]])
 def test_roots_outside_subgroup(world4):
     for r, out in enumerate(world4.run(_subgroup_roots)):
         group = "[0, 2]" if r in (0, 2) else "[1, 3]"
@@ -348,7 +348,7 @@ def _debug_subgroup_mismatch():
         debug.reset()
 
 
-@pytest.mark.subgroups
+@pytest.mark.subgroups(groups=[[0, 2], [1, 3]])
 def test_debug_mismatch_in_a_subgroup_names_global_ranks(world4):
     results = world4.run(_debug_subgroup_mismatch)
     for r in (0, 2):

@@ -423,7 +423,7 @@ def _subgroups(kind):
 
 
 @pytest.mark.parametrize("kind", ["list", "new_group"])
-@pytest.mark.subgroups
+@pytest.mark.subgroups(groups=[[0, 2], [1, 3]])
 def test_every_collective_on_subgroups_with_global_roots(world4, kind):
     for r, out in enumerate(world4.run(_subgroups, kind)):
         low, high = (1, 3) if r in (1, 3) else (0, 2)
@@ -464,7 +464,7 @@ def _overlapping_groups():
     return out
 
 
-@pytest.mark.subgroups
+@pytest.mark.subgroups(groups=[[0, 2], [0, 1], [1, 2]])
 def test_overlapping_rank_list_groups_used_by_different_ranks(world3):
     # Each pair uses its own rank list; members create a list's group on first use, non-members never do.
     results = world3.run(_overlapping_groups, timeout=25)

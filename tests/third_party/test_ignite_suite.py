@@ -75,11 +75,6 @@ EXCLUDED = {
         "_model (_HorovodDistModel), as test_sync_as_native_gloo does",
     D + "utils/test_horovod.py::test_sync_as_hvd": "imports ignite's private _HorovodDistModel (skips without "
         "horovodrun's Gloo controller anyway)",
-    D + "utils/test_native.py::test_one_rank_first[horovod-True-0]": "its fixture get_rank_zero_dirname lives in "
-        "ignite's conftest, which pytest imports itself, without the swap: inside the Horovod workers it calls "
-        "ignite's own all_gather beside polydist's, and the mix hangs. one_rank_first on horovod is tested by "
-        "tests/training/test_training.py on horovod worlds (make test-horovod)",
-    D + "utils/test_native.py::test_one_rank_first[horovod-False-0]": "as test_one_rank_first[horovod-True-0]",
     # check_idist_parallel.py, which these start (torchrun, spawn, two emulated nodes), ends with that same check.
     # They ran ignite itself until the swap reached execute()'s subprocesses; on polydist each fails on that line
     # only (checked by hand), and tests/launch/test_idist_launch_forms.py runs the same launches without it.
@@ -204,7 +199,7 @@ def test_ignite_suite_passes_on_polydist(phase, tmp_path):
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="Horovod is not installed (make test-horovod)")
 def test_ignite_horovod_tests_pass_on_polydist(tmp_path):
-    _assert_passes("horovod", tmp_path, 9)  # all 9 that test polydist (see EXCLUDED for the other 5)
+    _assert_passes("horovod", tmp_path, 11)  # all 11 that test polydist (EXCLUDED: the other 5)
 
 
 @pytest.mark.timeout(600)
