@@ -21,7 +21,7 @@ from .context import is_main_process, set_local_rank, show_config
 from .compat import has_hvd_support, has_native_dist_support, has_xla_support, model_name, registered_computation_models
 from .compat import sync
 from .errors import CollectiveMismatchError, CollectiveTimeoutError, NotInitializedError, PolydistError
-from .errors import InvalidGroupError, WorkerFailedError, WorldMismatchError
+from .errors import InvalidArgumentError, InvalidGroupError, WorkerFailedError, WorldMismatchError
 from .groups import NON_MEMBER as NON_GROUP_MEMBER, new_group
 from .helpers import one_rank_first, one_rank_only
 from .launch import Parallel, spawn
@@ -55,5 +55,5 @@ __all__ = [
     "set_debug", "is_debug", "set_allow_pickle",  # settings
     "dump_trace", "set_trace", "comms_profile",  # the flight recorder and the comms profile
     "PolydistError", "NotInitializedError", "CollectiveMismatchError",  # errors
-    "CollectiveTimeoutError", "WorkerFailedError", "InvalidGroupError", "WorldMismatchError",
+    "CollectiveTimeoutError", "WorkerFailedError", "InvalidGroupError", "InvalidArgumentError", "WorldMismatchError",
 ]  # fmt: skip

@@ -9,6 +9,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "WorkerFailedError",
     "InvalidGroupError",
+    "InvalidArgumentError",
     "WorldMismatchError",
 ]
 
@@ -88,6 +89,18 @@ class InvalidGroupError(TypeError, ValueError, PolydistError):
     ``ignite.distributed`` (which raises that for a bad group), so an
     ``except`` written for either catches it; a :class:`PolydistError` like
     polydist's other errors.
+    """
+
+
+class InvalidArgumentError(ValueError, PolydistError):
+    """A tensor argument that a process group polydist writes (``mpi4py``, ``horovod``, ``xla-tpu``) refuses:
+    a device it cannot move, another dtype or element count than torch's rule asks, a list of the wrong
+    length, split sizes that do not split dim 0. Raised by the call, before anything is sent.
+
+    A ``RuntimeError`` as torch's own backends raise for the same mistakes
+    (``ProcessGroupGloo``/``ProcessGroupMPI``'s checks), and a ``ValueError``
+    as these groups raised before, so an ``except`` written for either
+    catches it; a :class:`PolydistError` like polydist's other errors.
     """
 
 

@@ -342,13 +342,13 @@ def test_bad_calls_raise_before_communicating(mpi_world3):
         assert errors["avg_int"].startswith("TypeError") and "AVG" in errors["avg_int"] and "int32" in errors["avg_int"]
         assert errors["xor_float"].startswith("TypeError") and "XOR" in errors["xor_float"]
         assert "MAX" in errors["max_complex"] and "complex" in errors["max_complex"]  # torch's own check comes first
-        assert errors["split_sizes"].startswith("ValueError") and "[1, 1, 2]" in errors["split_sizes"]
+        assert errors["split_sizes"].startswith("InvalidArgumentError") and "[1, 1, 2]" in errors["split_sizes"]
         assert errors["gather_outputs"] == (
-            "ValueError: all_gather: invalid output tensor list (expected length 3, one per group rank, got 2)")
+            "InvalidArgumentError: all_gather: invalid output tensor list (expected length 3, one per group rank, got 2)")
         assert errors["coalesced_lists"] == (
-            "ValueError: all_gather_coalesced: need 3 output lists (one per rank) of 1 tensors each, got [1, 1]")
+            "InvalidArgumentError: all_gather_coalesced: need 3 output lists (one per rank) of 1 tensors each, got [1, 1]")
         assert errors["coalesced_bytes"] == (  # torch's rule (dtype and elements) and words, as on horovod
-            "ValueError: all_gather_coalesced: invalid output tensor at index 0 "
+            "InvalidArgumentError: all_gather_coalesced: invalid output tensor at index 0 "
             "(expected torch.float32 of 3 elements as the input, got torch.float32 of 2)")
 
 

@@ -43,6 +43,12 @@ def test_invalid_group_error_is_still_both_builtin_errors():
     assert issubclass(pdist.InvalidGroupError, TypeError) and issubclass(pdist.InvalidGroupError, ValueError)
 
 
+def test_invalid_argument_error_is_the_value_error_of_before_and_torchs_runtime_error():
+    """The Python groups' argument errors: ``except ValueError`` (as they raised) and ``except RuntimeError``
+    (as torch's gloo and MPI groups raise) both catch them."""
+    assert issubclass(pdist.InvalidArgumentError, ValueError) and issubclass(pdist.InvalidArgumentError, RuntimeError)
+
+
 @pytest.mark.parametrize("name", ["isend", "irecv", "recv", "all_reduce", "broadcast", "all_gather", "spawn"])
 def test_public_functions_say_what_they_return_and_raise(name):
     doc = inspect.getdoc(getattr(pdist, name))

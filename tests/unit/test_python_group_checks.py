@@ -86,6 +86,7 @@ def test_both_groups_refuse_a_bad_call_alike_before_sending(name):
         with pytest.raises(ValueError) as exc:
             call(group)
         assert str(exc.value) == words, backend
+        assert isinstance(exc.value, RuntimeError), backend  # what torch's own backends raise (InvalidArgumentError)
         assert group._lane.pending == 0 and group._lane._thread is None  # nothing was queued
 
 

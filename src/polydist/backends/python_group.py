@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ..errors import InvalidArgumentError
 from .direct import DirectProcessGroup
 from .tensors import Contiguous, byte_counts, bytes_of, unflatten
 from .work import Lane, LaneWork
@@ -38,9 +39,9 @@ def opt(opts: Any, name: str, default: Any) -> Any:
 
 
 def check_cpu(t: torch.Tensor, backend: str, why: str = "") -> None:
-    """Raise ``ValueError`` naming ``t``'s device unless it is the CPU (``why``: the backend's reason, if any)."""
+    """Raise :class:`~polydist.errors.InvalidArgumentError` (a ``ValueError`` and a ``RuntimeError``) naming ``t``'s device unless it is the CPU (``why``: the backend's reason, if any)."""
     if t.device.type != "cpu":
-        raise ValueError(
+        raise InvalidArgumentError(
             f"the {backend} backend moves CPU tensors only{why}, got a tensor on {t.device}; "
             "use nccl for CUDA tensors or copy to the CPU"
         )
@@ -49,12 +50,13 @@ def check_cpu(t: torch.Tensor, backend: str, why: str = "") -> None:
 class PythonProcessGroup(DirectProcessGroup):
     """The base of the mpi4py and horovod groups; ``backend`` is the name ``getBackendName()`` gives.
 
-    Argument errors are ``ValueError`` (``TypeError`` for an op undefined on a
-    dtype), raised by the call on the rank that made it, before anything is
-    sent. The list forms follow torch's rule (``ProcessGroupMPI``'s
+    Argument errors are :class:`~polydist.errors.InvalidArgumentError`, both
+    the ``RuntimeError`` torch's own backends raise for the same mistakes and
+    the ``ValueError`` these groups raised before (``TypeError`` for an op
+    undefined on a dtype), raised by the call on the rank that made it, before
+    anything is sent. The list forms follow torch's rule (``ProcessGroupMPI``'s
     ``checkSameSizeAndType``): one tensor per group rank, each of the other
-    side's dtype and number of elements; gloo raises ``RuntimeError`` for the
-    same mistakes and also asks for the same shape.
+    side's dtype and number of elements; gloo also asks for the same shape.
     """
 
     CPU_ONLY_WHY = ""  # a group's reason for moving CPU tensors only, said in the error
@@ -101,7 +103,7 @@ class PythonProcessGroup(DirectProcessGroup):
     def _like(self, what: str, name: str, index: int, t: torch.Tensor, like: torch.Tensor, like_name: str) -> None:
         """``t`` must have ``like``'s dtype and number of elements (torch's rule for the list forms); on the CPU."""
         if t.dtype != like.dtype or t.numel() != like.numel():
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{what}: invalid {name} tensor at index {index} (expected {like.dtype} of {like.numel()} elements "
                 f"as the {like_name}, got {t.dtype} of {t.numel()})"
             )
@@ -110,7 +112,7 @@ class PythonProcessGroup(DirectProcessGroup):
     def _per_rank(self, what: str, name: str, tensors: Sequence[torch.Tensor]) -> None:
         """``tensors``: one per group rank."""
         if len(tensors) != self.size():
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{what}: invalid {name} tensor list (expected length {self.size()}, one per group rank, got {len(tensors)})"
             )
 
@@ -160,11 +162,11 @@ class PythonProcessGroup(DirectProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         size = self.size()
         if input.numel() != output.numel() * size:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"reduce_scatter: input has {input.numel()} elements, need output's {output.numel()} x group size {size}"
             )
         if input.dtype != output.dtype:
-            raise ValueError(f"reduce_scatter: input dtype {input.dtype} differs from output dtype {output.dtype}")
+            raise InvalidArgumentError(f"reduce_scatter: input dtype {input.dtype} differs from output dtype {output.dtype}")
         plan = self._plans([input], opt(opts, "reduceOp", dist.ReduceOp.SUM))[0]
         self._cpu(output)
         return self._run("reduce_scatter_tensor", lambda: self._reduce_scatter_now(output, input, plan), output, opts, [input])
@@ -189,7 +191,7 @@ class PythonProcessGroup(DirectProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         size = self.size()
         if output.nbytes != input.nbytes * size:
-            raise ValueError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {size}")
+            raise InvalidArgumentError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {size}")
         self._cpu(input, output)
 
         def body() -> None:
@@ -225,7 +227,7 @@ class PythonProcessGroup(DirectProcessGroup):
         """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``), in one all-gather."""
         size = self.size()
         if len(output_lists) != size or any(len(outs) != len(inputs) for outs in output_lists):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"all_gather_coalesced: need {size} output lists (one per rank) of {len(inputs)} tensors each, "
                 f"got {[len(outs) for outs in output_lists]}"
             )
@@ -274,7 +276,7 @@ class PythonProcessGroup(DirectProcessGroup):
         self._cpu(input, output)
         even = not output_split_sizes and not input_split_sizes
         if even and input.nbytes != output.nbytes:
-            raise ValueError(f"all_to_all_single: input ({input.nbytes} B) and output ({output.nbytes} B) must be equal")
+            raise InvalidArgumentError(f"all_to_all_single: input ({input.nbytes} B) and output ({output.nbytes} B) must be equal")
         send = byte_counts(input, input_split_sizes, size, "input")
         recv = byte_counts(output, output_split_sizes, size, "output")
 

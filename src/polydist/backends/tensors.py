@@ -7,6 +7,7 @@ from typing import Sequence
 
 import torch
 
+from ..errors import InvalidArgumentError
 __all__ = ["unflatten", "byte_counts", "overlaps", "apart", "own_slot", "Contiguous", "bytes_of", "reduce_rows", "check_outputs"]
 
 
@@ -26,10 +27,10 @@ def byte_counts(t: torch.Tensor, splits: Sequence[int], size: int, what: str) ->
     row_bytes = t.nbytes // rows if rows else 0
     if not splits:
         if rows % size:
-            raise ValueError(f"all_to_all_single: {what} dim 0 ({rows}) is not divisible by the group size {size}")
+            raise InvalidArgumentError(f"all_to_all_single: {what} dim 0 ({rows}) is not divisible by the group size {size}")
         splits = [rows // size] * size
     if len(splits) != size or sum(splits) != rows:
-        raise ValueError(f"all_to_all_single: {what} split sizes {list(splits)} do not split dim 0 ({rows}) into {size}")
+        raise InvalidArgumentError(f"all_to_all_single: {what} split sizes {list(splits)} do not split dim 0 ({rows}) into {size}")
     return [s * row_bytes for s in splits]
 
 
@@ -118,8 +119,8 @@ def reduce_rows(rows: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tens
 
 
 def check_outputs(what: str, outs: list, inp: torch.Tensor, size: int) -> None:
-    """``outs`` must be one tensor per rank, each holding as many bytes as ``inp`` (``ValueError`` naming them)."""
+    """``outs`` must be one tensor per rank, each holding as many bytes as ``inp`` (``InvalidArgumentError`` naming them)."""
     if len(outs) != size or any(o.nbytes != inp.nbytes for o in outs):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{what}: need {size} tensors (one per rank) of {inp.nbytes} bytes each, got {[o.nbytes for o in outs]}"
         )

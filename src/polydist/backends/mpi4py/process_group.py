@@ -43,7 +43,7 @@ How operations map onto MPI:
   form reads the input from the output buffer, which is not torch's aliasing).
   The list, coalesced and rooted forms stage through buffers of their own.
 * Tensors are passed by address (``MPI.buffer.fromaddress``): no copy for
-  contiguous CPU tensors. CUDA tensors are rejected with a ``ValueError``
+  contiguous CPU tensors. CUDA tensors are rejected with an ``InvalidArgumentError`` (a ``ValueError``)
   (the backend is registered for the ``cpu`` device only).
 """
 
@@ -54,6 +54,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ...errors import InvalidArgumentError
 from . import _mpi
 from ..python_group import PythonProcessGroup, opt
 from ..tensors import Contiguous, apart, own_slot
@@ -71,7 +72,7 @@ class MPIProcessGroup(PythonProcessGroup):
     the communicator's ranks, which are the group ranks torch.distributed
     assigns. Methods carry PyTorch's ProcessGroup signatures, under the names
     PyTorch 2.2–2.13 call (``_allgather_base``/``all_gather_single``,
-    ``alltoall_base``/``all_to_all_single``, ...). Errors: ``ValueError`` for
+    ``alltoall_base``/``all_to_all_single``, ...). Errors: ``InvalidArgumentError`` (a ``ValueError`` and a ``RuntimeError``) for
     CUDA tensors or mismatched sizes (torch's rule, the words of every Python
     group: :class:`~polydist.backends.python_group.PythonProcessGroup`);
     ``TypeError`` for an op undefined on a dtype (the same table as
@@ -301,7 +302,7 @@ class MPIProcessGroup(PythonProcessGroup):
     def _recv_buffer(self, t: torch.Tensor) -> torch.Tensor:
         self._cpu(t)
         if not t.is_contiguous():
-            raise ValueError(f"recv needs a contiguous tensor to write into, got strides {t.stride()}")
+            raise InvalidArgumentError(f"recv needs a contiguous tensor to write into, got strides {t.stride()}")
         return t
 
     def recv(self, tensors: list, src: int, tag: int) -> LaneWork:

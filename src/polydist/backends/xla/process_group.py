@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from ...errors import InvalidArgumentError
 from ...ops import check_op_dtype, resolve_op
 from ..python_group import NoPointToPoint, PythonProcessGroup, opt
 from ..tensors import byte_counts, bytes_of, check_outputs as _check_outputs, reduce_rows, unflatten
@@ -76,7 +77,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
 
     Created by torch.distributed (``init_process_group("xla-tpu", init_method="xla-tpu://")``,
     which ``polydist.initialize("xla-tpu")`` calls), not by hand. Errors:
-    ``TypeError``/``ValueError`` for an op undefined on a dtype or mismatched
+    ``TypeError``/``InvalidArgumentError`` (a ``ValueError`` and a ``RuntimeError``) for an op undefined on a dtype or mismatched
     sizes, ``NotImplementedError`` for point-to-point, all before anything is sent.
     """
 
@@ -147,7 +148,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         size = self.size()
         if input.numel() != output.numel() * size or input.dtype != output.dtype:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"reduce_scatter: input ({input.numel()} x {input.dtype}) must hold output's {output.numel()} "
                 f"x {output.dtype} elements x group size {size}"
             )
@@ -181,7 +182,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         if output.nbytes != input.nbytes * self.size():
-            raise ValueError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {self.size()}")
+            raise InvalidArgumentError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {self.size()}")
         return self._run("all_gather_into_tensor", lambda: unflatten(torch.cat(self._gathered(input)), [output], by_bytes=True),
                          output, opts, [input])
 
@@ -199,7 +200,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
     def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``)."""
         if len(output_lists) != self.size() or any(len(outs) != len(inputs) for outs in output_lists):
-            raise ValueError(f"all_gather_coalesced: need {self.size()} output lists of {len(inputs)} tensors each")
+            raise InvalidArgumentError(f"all_gather_coalesced: need {self.size()} output lists of {len(inputs)} tensors each")
 
         def body() -> None:
             flat = torch.cat([_bytes_of(t) for t in inputs]) if inputs else torch.empty(0, dtype=torch.uint8)
@@ -263,7 +264,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         if len(inputs) != self.size() or len(outputs) != self.size():
-            raise ValueError(f"all_to_all: need {self.size()} inputs and outputs, got {len(inputs)} and {len(outputs)}")
+            raise InvalidArgumentError(f"all_to_all: need {self.size()} inputs and outputs, got {len(inputs)} and {len(outputs)}")
 
         def body() -> None:
             got = self._all_to_all_bytes(torch.cat([_bytes_of(t) for t in inputs]), [t.nbytes for t in inputs])
