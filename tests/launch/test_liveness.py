@@ -82,8 +82,11 @@ def test_busy_workers_are_never_called_frozen(cli_env, tmp_path):
 
 
 def test_watch_flags_a_stopped_process_only_after_the_bound_and_forgets_a_continued_one():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # it says when it has started: while Python starts it may be in D (disk sleep), seen once in CI
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline() == "ready\n"
         watch = liveness.Watch(after=0.3)
         assert liveness.process_state(child.pid) in ("S", "R")
         assert watch.check({5: child.pid}) is None
