@@ -125,8 +125,9 @@ XLA_EXCLUDED = {
 
 
 def _run(phase: str, swap: bool, tmp_path, excluded: bool = True) -> dict:
-    """``{node id: outcome}`` of one phase ("serial", "distributed" or "xla"), from pytest's JUnit XML;
-    ``excluded``: leave out the phase's excluded tests."""
+    """``{node id: outcome}`` of one phase ("serial", "distributed", "horovod" or "xla"), from pytest's JUnit XML,
+    with ``_output`` (pytest's last lines) and ``_texts`` (each failed test's report); ``excluded``: leave out
+    the phase's excluded tests."""
     report = tmp_path / f"{phase}-{int(swap)}.xml"
     # ignite_site's sitecustomize carries the swap into the processes the tests start (horovod.run, os.system)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.join(HERE, "ignite_site")]), IGNITE_SWAP="1" if swap else "0")

@@ -108,7 +108,7 @@ class Backend:
     reduce_keeps_input: bool = False
     native_avg: bool = False
     no_subgroups: Optional[Callable[[list], Optional[Exception]]] = None
-    add_group: Optional[Callable[[list], None]] = None
+    add_group: Optional[Callable[..., Any]] = None  # (ranks, every_rank=...)
     point_to_point: bool = True
     init_url: Optional[str] = None
     hosts_rendezvous: Optional[Callable[[Any], bool]] = None

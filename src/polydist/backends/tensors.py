@@ -8,6 +8,7 @@ from typing import Sequence
 import torch
 
 from ..errors import InvalidArgumentError
+
 __all__ = ["unflatten", "byte_counts", "overlaps", "apart", "own_slot", "Contiguous", "bytes_of", "reduce_rows", "check_outputs"]
 
 
