@@ -1,12 +1,14 @@
-"""Griffe extension: the types that the ``.pyi`` overloads know, in the API reference.
+"""Griffe extension: one readable signature per function in the API reference, its overloads as a table.
 
 The collectives' implementations are annotated ``Any`` (one body takes
 tensors, lists of tensors and numbers); their stubs beside them hold one
-overload per case. The reference shows those overloads with the stubs'
-private shorthands (``_G``, ``_No``, ``_TensorT``) spelled out, and gives the
-implementation the union of the overloads' parameter and return types, so that
-neither its signature nor the Parameters and Returns tables say ``Any`` where
-the stub knows better.
+overload per case. The reference shows the implementation's signature only,
+typed with the union of the overloads' types, and the overloads as a table of
+accepted and returned types put before the docstring's Args section. Every
+signature spells types the modern way (``X | None``, not ``Optional[X]``) and
+without private names: the stubs' shorthands (``_G``, ``_No``, ``_TensorT``)
+become their values, a private context-manager class (``_Restore``) becomes
+``AbstractContextManager[None]``, and ``Any`` is dropped from a union of known types.
 """
 
 from __future__ import annotations
@@ -81,13 +83,13 @@ def _members(text: str) -> list[str]:
 
 
 def _union(texts: list) -> str:
-    """The types of ``texts``, each once; ``Any`` (a case the stub leaves open) last."""
+    """The types of ``texts``, each once; ``Any`` (a case the stub leaves open) only when nothing else is known."""
     parts = []
     for text in texts:
         for part in _members(str(text)):
             if part not in parts:
                 parts.append(part)
-    return " | ".join(sorted(parts, key=lambda part: part == "Any"))
+    return _known(" | ".join(parts))
 
 
 def _functions(obj: Object):
@@ -100,20 +102,104 @@ def _functions(obj: Object):
             yield from _functions(member)
 
 
+def _modern(text: str) -> str:
+    """``Union[A, B]`` as ``A | B``, ``Optional[A]`` as ``A | None`` (also nested), forward-reference quotes dropped."""
+    text = re.sub(r"""["']([\w.]+)["']""", r"\1", text)
+    while True:
+        match = re.search(r"\b(?:typing\.)?(Union|Optional)\[", text)
+        if not match:
+            return text
+        depth, end = 0, match.end() - 1
+        for end in range(match.end() - 1, len(text)):
+            depth += (text[end] == "[") - (text[end] == "]")
+            if depth == 0:
+                break
+        inner = " | ".join(_modern(part) for part in _top_level(text[match.end():end], ","))
+        text = text[:match.start()] + inner + (" | None" if match.group(1) == "Optional" else "") + text[end + 1:]
+
+
+def _known(text: str) -> str:
+    """A union without ``Any`` where it names other types (``Any`` is then a case the stub leaves open)."""
+    parts = _top_level(text, "|")
+    known = [part for part in parts if part != "Any"]
+    return " | ".join(known) if known and len(known) < len(parts) else text
+
+
+def _private_classes(module: Module) -> dict[str, str]:
+    """Private classes of ``module`` that are context managers, as the public type they behave as."""
+    return {name: "AbstractContextManager[None]" for name, member in module.members.items()
+            if name.startswith("_") and not member.is_alias and member.is_class and "__enter__" in member.members}
+
+
+def _literal_names(value: str) -> str | None:
+    """A long ``Literal`` of op names as the names it accepts, once each and upper-case: ``SUM, MIN, ...``."""
+    if not value.startswith("Literal["):
+        return None
+    names = list(dict.fromkeys(v.upper() for v in re.findall(r"""["'](\w+)["']""", value)))
+    return "one of " + ", ".join(names) + " (any case)" if names else None
+
+
+def _clean(annotation, names: dict[str, str]) -> str | None:
+    text = _expand(annotation, names)
+    return None if text is None else _known(_modern(text))
+
+
+def _cell(text: str | None) -> str:
+    if text is None:
+        return ""
+    literal = re.fullmatch(r"Literal\[(.*)\]", text)
+    return literal.group(1) if literal else f"`{text}`"
+
+
+def _table(func: Function, names: dict[str, str], long_names: dict[str, str]) -> str:
+    """The overloads as Markdown: one row each, a column per parameter whose type differs between them."""
+    varying = [p.name for p in func.parameters
+               if len({str(o.parameters[p.name].annotation) if p.name in o.parameters else None
+                       for o in func.overloads}) > 1]
+    header = "| " + " | ".join(f"`{name}`" for name in varying) + " | returns |"
+    rows = [header, "|" + "---|" * (len(varying) + 1)]
+    for overload in func.overloads:
+        raw = {p.name: str(p.annotation) for p in overload.parameters}
+        cells = []
+        for name in varying:
+            value = raw.get(name)
+            cells.append(long_names.get(value) or _cell(_clean(value, names)) if value else "")
+        same = next((n for n, a in raw.items() if a == str(overload.returns) and a.startswith("_") and a in names), None)
+        cells.append(f"the type of `{same}`" if same else _cell(_clean(overload.returns, names)))
+        rows.append("| " + " | ".join(cells) + " |")
+    return "Accepted and returned types:\n\n" + "\n".join(rows) + "\n\n"
+
+
+def _with_table(docstring: str, table: str) -> str:
+    """``table`` before the docstring's first section (Args, Returns, ...), else at its end."""
+    section = re.search(r"^(?:Args|Arguments|Parameters|Returns|Raises|Example|Examples|Note):\s*$", docstring, re.M)
+    at = section.start() if section else len(docstring)
+    return docstring[:at].rstrip() + "\n\n" + table + docstring[at:]
+
+
 class StubOverloads(Extension):
     def on_package(self, *, pkg: Module, **kwargs) -> None:
         for func in _functions(pkg):
-            if not func.overloads:
-                continue
-            names = _shorthands(func.module)
-            for overload in func.overloads:
-                for parameter in overload.parameters:
-                    parameter.annotation = _expand(parameter.annotation, names)
-                overload.returns = _expand(overload.returns, names)
-            if str(func.returns) == "Any":
-                func.returns = _union([o.returns for o in func.overloads if o.returns])
-            for parameter in func.parameters:  # the Parameters table's types too
-                if str(parameter.annotation) == "Any":
-                    known = [o.parameters[parameter.name].annotation for o in func.overloads
-                             if parameter.name in o.parameters and o.parameters[parameter.name].annotation]
-                    parameter.annotation = _union(known) if known else parameter.annotation
+            names = {**_shorthands(func.module), **_private_classes(func.module)}
+            if func.overloads:
+                long_names = {}
+                for name, member in func.overloads[0].module.members.items():  # the stub's long op Literal
+                    try:
+                        spelled = _literal_names(str(member.value)) if name.startswith("_") else None
+                    except Exception:  # noqa: BLE001 - not an alias with a value
+                        spelled = None
+                    if spelled:
+                        long_names[name] = spelled
+                if func.docstring is not None:
+                    func.docstring.value = _with_table(func.docstring.value, _table(func, names, long_names))
+                if str(func.returns) == "Any":
+                    func.returns = _union([_clean(o.returns, names) for o in func.overloads if o.returns])
+                for parameter in func.parameters:  # the signature's and the Parameters table's types
+                    if str(parameter.annotation) == "Any":
+                        known = [_clean(o.parameters[parameter.name].annotation, names) for o in func.overloads
+                                 if parameter.name in o.parameters and o.parameters[parameter.name].annotation]
+                        parameter.annotation = _union(known) if known else parameter.annotation
+                func.overloads = []  # shown as the table
+            for parameter in func.parameters:
+                parameter.annotation = _clean(parameter.annotation, names)
+            func.returns = _clean(func.returns, names)

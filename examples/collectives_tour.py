@@ -1,6 +1,6 @@
-"""A tour of every collective in the seed tutorials, run through polydist, that checks its own results.
+"""A tour of every collective of the classic tutorials, run through polydist, that checks its own results.
 
-Each section replays the examples of one primitive from the seeds, in their
+Each section replays the examples of one primitive from those tutorials, in their
 order — point-to-point (blocking ``send``/``recv``, then ``isend``/``irecv``),
 ``all_reduce``, ``reduce``, ``broadcast``, ``all_gather``, ``gather``,
 ``scatter``, ``reduce_scatter``, ``all_to_all``, ``barrier``, groups
@@ -16,18 +16,17 @@ tensors of different shapes per rank, Python values in scatter/all_to_all/
 send/recv, results returned instead of filled-in lists, ``Work.wait()``
 returning the result, reduce leaving non-root inputs untouched.
 
-The expected results are generalized from the seeds' 4-rank outputs to any
+The expected results are generalized from the tutorials' 4-rank outputs to any
 world size n (e.g. all_reduce of ``rank + 1`` gives n(n+1)/2, 10 for n=4).
 A wrong result is printed with ``<-- WRONG, expected ...``; at the end the
 ranks add up their failures and all exit 1 if there was any, 0 otherwise.
 
-Sources: seed 000 (PyTorch-Ignite's "Collective Communication with Ignite"),
-seed 001 (collectives with figures, 4 ranks), seed 002 (torch.distributed
-primitives: broadcast/all_reduce/scatter/gather of ``rank + 1``, async
-all_reduce, send/recv), seed 004 (PyTorch's "Writing Distributed Applications":
-send/recv, isend/irecv, ``new_group([0, 1])``).
+Sources: PyTorch-Ignite's "Collective Communication with Ignite" and PyTorch's
+"Writing Distributed Applications" (send/recv, isend/irecv, the all_reduce,
+broadcast, scatter and gather of ``rank + 1``, async all_reduce,
+``new_group([0, 1])``).
 
-Run it with any world size n >= 2 (4 reproduces the seeds' printed outputs)::
+Run it with any world size n >= 2 (4 reproduces the tutorials' printed outputs)::
 
     polydist run --nproc-per-node 4 --backend gloo examples/collectives_tour.py
     torchrun --nproc-per-node 4 examples/collectives_tour.py
@@ -134,8 +133,8 @@ def f32(*values: float) -> torch.Tensor:
 
 def point_to_point(t: Tour) -> None:
     r, n = t.rank, t.n
-    t.section("point-to-point, blocking: send / recv (seeds 004, 002)")
-    # Seed 004: rank 0 increments a zero tensor and sends it; the receiver
+    t.section("point-to-point, blocking: send / recv")
+    # PyTorch's tutorial: rank 0 increments a zero tensor and sends it; the receiver
     # allocated its own tensor. With n > 2, rank 0 sends to every other rank.
     tensor = torch.zeros(1)
     if r == 0:
@@ -157,7 +156,7 @@ def point_to_point(t: Tour) -> None:
         want = {"to": r, "msg": "hello", "shape": (2, 3), "weights": torch.arange(3)}
         t.show("[polydist] recv(None, src=0)", got, want)
 
-    t.section("point-to-point, non-blocking: isend / irecv + wait() (seed 004)")
+    t.section("point-to-point, non-blocking: isend / irecv + wait()")
     tensor = torch.zeros(1)
     if r == 0:
         tensor += 1
@@ -171,7 +170,7 @@ def point_to_point(t: Tour) -> None:
         t.show("irecv(zeros(1), src=0).wait()", tensor, f32(1.0))
         t.show("[polydist] irecv(...).wait() returns the filled tensor", got is tensor, True)
 
-    # A ring of isend/recv pairs (the pattern of seed 004's ring all-reduce): every
+    # A ring of isend/recv pairs (the pattern of PyTorch's ring all-reduce tutorial): every
     # rank sends its rank to the right neighbour and receives the left one's.
     right, left = (r + 1) % n, (r - 1) % n
     send_buf, recv_buf = f32(float(r)), torch.zeros(1)
@@ -183,23 +182,23 @@ def point_to_point(t: Tour) -> None:
 
 def all_reduce(t: Tour) -> None:
     r, n = t.rank, t.n
-    t.section("all_reduce (seeds 001, 002, 000)")
-    # Seed 001: ones on every rank, SUM -> n everywhere.
+    t.section("all_reduce")
+    # The classic example: ones on every rank, SUM -> n everywhere.
     t.show("all_reduce(ones(1), op=SUM)", pdist.all_reduce(torch.ones(1), op="SUM"), f32(float(n)))
-    # Seed 002: rank + 1 -> 1 + 2 + ... + n (10 for 4 ranks).
+    # The classic example: rank + 1 -> 1 + 2 + ... + n (10 for 4 ranks).
     tensor = f32(r + 1.0)
     pdist.all_reduce(tensor, op="SUM")
     t.show(f"all_reduce(tensor([{r + 1}.]), op=SUM)", tensor, f32(n * (n + 1) / 2))
-    # Seed 000 (idist): arange(2) + 1 + 2 * rank, int64 -> [n^2, n^2 + n] ([9, 12] for 3 ranks).
+    # ignite's example: arange(2) + 1 + 2 * rank, int64 -> [n^2, n^2 + n] ([9, 12] for 3 ranks).
     tensor = torch.arange(2, dtype=torch.int64) + 1 + 2 * r
     shown = f"all_reduce({tensor.tolist()}, op='SUM')"
     t.show(shown, pdist.all_reduce(tensor, op="SUM"), torch.tensor([n * n, n * n + n]))
-    # Seed 001 also names PRODUCT, MAX and MIN.
+    # The other ops: PRODUCT, MAX and MIN.
     t.show(f"all_reduce(tensor([{r + 1}.]), op=PRODUCT)", pdist.all_reduce(f32(r + 1.0), op="PRODUCT"),
            f32(float(torch.arange(1, n + 1).prod())))
     t.show(f"all_reduce(tensor([{r}.]), op=MAX)", pdist.all_reduce(f32(float(r)), op="MAX"), f32(n - 1.0))
     t.show(f"all_reduce(tensor([{r}.]), op=MIN)", pdist.all_reduce(f32(float(r)), op="MIN"), f32(0.0))
-    # Seed 002: non-blocking all_reduce of ones * rank.
+    # The classic example: non-blocking all_reduce of ones * rank.
     tensor = torch.ones(1) * r
     work = pdist.all_reduce(tensor, op="SUM", async_op=True)
     # ... other computations could run here ...
@@ -217,13 +216,13 @@ def all_reduce(t: Tour) -> None:
 
 def reduce(t: Tour) -> None:
     r, n = t.rank, t.n
-    t.section("reduce (seed 001)")
+    t.section("reduce")
     tensor = torch.ones(1)
     pdist.reduce(tensor, dst=0, op="SUM")
     if r == 0:
         t.show("reduce(ones(1), dst=0)", tensor, f32(float(n)), note="only rank 0 has the sum")
     else:
-        # Seed 001 prints partial sums (3, 2, 1) here: gloo's reduce overwrites
+        # Plain gloo prints partial sums (3, 2, 1) here: gloo's reduce overwrites
         # non-root inputs. polydist leaves them untouched.
         t.show("reduce(ones(1), dst=0)", tensor, f32(1.0), note="[polydist] input untouched off dst")
     dst = n - 1
@@ -233,12 +232,12 @@ def reduce(t: Tour) -> None:
 
 def broadcast(t: Tour) -> None:
     r, n = t.rank, t.n
-    t.section("broadcast (seeds 001, 002)")
-    # Seed 001: rank 0 holds tensor([0.]), the others torch.empty(1).
+    t.section("broadcast")
+    # The classic example: rank 0 holds tensor([0.]), the others torch.empty(1).
     tensor = f32(float(r)) if r == 0 else torch.empty(1)
     pdist.broadcast(tensor, src=0)
     t.show("broadcast(tensor([0.]) on rank 0 / empty(1), src=0)", tensor, f32(0.0))
-    # Seed 002: zeros(1), + 1 on rank 0.
+    # The classic example: zeros(1), + 1 on rank 0.
     tensor = torch.zeros(1)
     if r == 0:
         tensor += 1
@@ -255,8 +254,8 @@ def broadcast(t: Tour) -> None:
 def all_gather(t: Tour) -> None:
     r, n = t.rank, t.n
     everyone = f32(*map(float, range(n)))
-    t.section("all_gather (seeds 001, 002)")
-    # Seed 001: tensor([rank]) -> [0, 1, ..., n-1] on every rank. polydist returns the
+    t.section("all_gather")
+    # The classic example: tensor([rank]) -> [0, 1, ..., n-1] on every rank. polydist returns the
     # result (concatenated along dim 0) instead of filling a preallocated list.
     t.show(f"all_gather(tensor([{r}.]))", pdist.all_gather(f32(float(r))), everyone)
     t.show(f"all_gather(tensor([{r}.]), concat=False)", pdist.all_gather(f32(float(r)), concat=False),
@@ -273,11 +272,11 @@ def all_gather(t: Tour) -> None:
 
 def gather(t: Tour) -> None:
     r, n = t.rank, t.n
-    t.section("gather (seeds 001, 002)")
-    # Seed 001: tensor([rank]) to dst 0 -> [0, ..., n-1] there, None elsewhere.
+    t.section("gather")
+    # The classic example: tensor([rank]) to dst 0 -> [0, ..., n-1] there, None elsewhere.
     got = pdist.gather(f32(float(r)), dst=0)
     t.show(f"gather(tensor([{r}.]), dst=0)", got, f32(*map(float, range(n))) if r == 0 else None)
-    # Seed 002: rank + 1.0 -> [1.0, ..., n] on rank 0, as a list.
+    # The classic example: rank + 1.0 -> [1.0, ..., n] on rank 0, as a list.
     got = pdist.gather(f32(r + 1.0), dst=0, concat=False)
     t.show(f"gather(tensor([{r + 1}.]), dst=0, concat=False)", got,
            [f32(i + 1.0) for i in range(n)] if r == 0 else None)
@@ -290,8 +289,8 @@ def gather(t: Tour) -> None:
 
 def scatter(t: Tour) -> None:
     r, n = t.rank, t.n
-    t.section("scatter (seeds 001, 002)")
-    # Seed 001: [1, 2, ..., n] on rank 0 -> rank + 1; the others pass None (no receive buffer).
+    t.section("scatter")
+    # The classic example: [1, 2, ..., n] on rank 0 -> rank + 1; the others pass None (no receive buffer).
     xs = [f32(i + 1.0) for i in range(n)] if r == 0 else None
     label = f"[tensor([1.]), ..., tensor([{n}.])]" if r == 0 else "None"
     t.show(f"scatter({label}, src=0)", pdist.scatter(xs, src=0), f32(r + 1.0))
@@ -306,7 +305,7 @@ def scatter(t: Tour) -> None:
 
 def reduce_scatter(t: Tour) -> None:
     r, n = t.rank, t.n
-    t.section("reduce_scatter (the issue's full set; torch.distributed.reduce_scatter_tensor)")
+    t.section("reduce_scatter (as torch.distributed.reduce_scatter_tensor)")
     # Every rank holds arange(2n) + rank; rank i gets chunk i of the sum, rows 2i and 2i+1.
     x = torch.arange(2 * n, dtype=torch.float32) + r
     total = torch.arange(2 * n, dtype=torch.float32) * n + n * (n - 1) / 2
@@ -319,7 +318,7 @@ def reduce_scatter(t: Tour) -> None:
 
 def all_to_all(t: Tour) -> None:
     r, n = t.rank, t.n
-    t.section("all_to_all (the issue's full set; torch.distributed.all_to_all)")
+    t.section("all_to_all (as torch.distributed.all_to_all)")
     # xs[i] goes to rank i: rank r sends 10r + i to rank i, receives 10j + r from rank j.
     xs = [torch.tensor([10 * r + i]) for i in range(n)]
     t.show(f"all_to_all([tensor([{10 * r}]), ..., tensor([{10 * r + n - 1}])])", pdist.all_to_all(xs),
@@ -335,7 +334,7 @@ def all_to_all(t: Tour) -> None:
 
 def barrier(t: Tour) -> None:
     r = t.rank
-    t.section("barrier (seed 000: the main process prepares data first, the others wait)")
+    t.section("barrier (the main process prepares data first, the others wait)")
     # One file per job and node; rank 0 chooses the name and broadcasts it (a string).
     token = pdist.broadcast(uuid.uuid4().hex if r == 0 else None, src=0)
     path = os.path.join(tempfile.gettempdir(), f"polydist-tour-{token}.txt")
@@ -360,8 +359,8 @@ def barrier(t: Tour) -> None:
 
 def groups(t: Tour) -> None:
     r, n = t.rank, t.n
-    t.section("groups: new_group and rank lists (seeds 001, 004)")
-    # Seed 004: new_group([0, 1]); all_reduce of ones inside it -> 2 on ranks 0 and 1.
+    t.section("groups: new_group and rank lists")
+    # PyTorch's tutorial: new_group([0, 1]); all_reduce of ones inside it -> 2 on ranks 0 and 1.
     # polydist: here only the members create and use it (with torch's rules every rank may call
     # new_group([0, 1]); the others get GroupMember.NON_GROUP_MEMBER).
     # [polydist] groups are named from their ranks alone, so a group that only
@@ -374,7 +373,7 @@ def groups(t: Tour) -> None:
         t.show("[polydist] new_group([1, 0]) again is the same cached group", pdist.new_group([1, 0]) is group, True)
     else:
         t.show("all_reduce(..., group=new_group([0, 1]))", "skipped: not a member")
-    # Seed 001 passes new_group(list(range(size))) everywhere: the same ranks as the world.
+    # A common form: new_group(list(range(size))) everywhere: the same ranks as the world.
     group = pdist.new_group(list(range(n)))
     t.show("reduce(ones(1), dst=0, group=new_group(range(n)))", pdist.reduce(torch.ones(1), dst=0, group=group),
            f32(float(n) if r == 0 else 1.0))
@@ -390,7 +389,7 @@ def groups(t: Tour) -> None:
 
 def idist_values(t: Tour) -> None:
     r, n = t.rank, t.n
-    t.section("ignite.distributed value examples (seed 000), as `import polydist as idist`")
+    t.section("ignite.distributed value examples, as `import polydist as idist`")
     idist = pdist
     # Numbers: all_reduce of a Python int stays an exact int.
     t.show(f"all_reduce({r + 1})", idist.all_reduce(r + 1), n * (n + 1) // 2)

@@ -1,6 +1,6 @@
-"""Seed 004's ring all-reduce, chunked as its exercise asks, on polydist.isend / polydist.recv.
+"""PyTorch's ring all-reduce, chunked as its exercise asks, on polydist.isend / polydist.recv.
 
-PyTorch's *Writing Distributed Applications* tutorial (seed 004) builds a ring
+PyTorch's *Writing Distributed Applications* tutorial builds a ring
 all-reduce from point-to-point calls and leaves one difference to DeepSpeech's
 as an exercise: "their implementation divide[s] the gradient tensor into
 chunks, so as to optimally utilize the communication bandwidth". This is that

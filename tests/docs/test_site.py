@@ -1,14 +1,20 @@
-"""The documentation site as a reader sees it: ``mkdocs build --strict``, then pages in headless Chromium.
+"""The documentation site as a reader sees it: ``mkdocs build --strict``, every page read as text, and in Chromium.
 
 Builds ``site/`` (a broken link, a missing snippet or a docstring griffe
-cannot parse fails the build), serves it on 127.0.0.1, and opens the home
-page, a tutorial, an API page and the benchmarks page in Debian's
-``chromium`` through Selenium and ``chromedriver``. Each page must load with
-no console error, every image must have loaded (``naturalWidth > 0``), and
-API pages must hold rendered entries. Screenshots go to
-``site/_screenshots/`` for review. Skipped, with the reason, where mkdocs
-(the build) or Selenium/Chromium (the browser check) is not installed
-(``make docs-setup`` installs them).
+cannot parse fails the build) and reads every page it made (one per Markdown
+file of ``docs/``) the way a user would: no markup that failed to render
+(``--8<--``, ``:::``, Sphinx roles, a list item's ``- **`` run or a code line
+left in a paragraph), no tracker reference, no table with an empty header
+row, and API signatures that fit a screen line, one per function, with no
+private names. Then it serves the site on 127.0.0.1 and opens every page in
+Debian's ``chromium`` through Selenium and ``chromedriver`` at 1280 x 1600:
+no console error, every image loaded, no code block cut off where the reader
+cannot tell (outside Python listings, none may be wider than the page; in
+them, no comment may run past the edge), and a screenshot of each page in
+``build/docs-screenshots/`` (outside ``site/``, which is what gets
+published). Skipped, with the reason, where mkdocs (the build) or
+Selenium/Chromium (the browser check) is not installed (``make docs-setup``
+installs them).
 """
 
 from __future__ import annotations
@@ -23,13 +29,24 @@ import shutil
 import subprocess
 import sys
 import threading
+from html.parser import HTMLParser
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SITE = os.path.join(ROOT, "site")
-PAGES = ["", "tutorials/collectives/", "tutorials/mpi/", "reference/collectives/", "reference/context/", "benchmarks/",
-         "architecture/", "contributing/"]
+# POLYDIST_DOCS_SITE=DIR: check a site built before (e.g. an older commit's) instead of building one.
+SITE = os.environ.get("POLYDIST_DOCS_SITE") or os.path.join(ROOT, "site")
+SHOTS = os.path.join(ROOT, "build", "docs-screenshots")
+
+
+def _pages() -> list:
+    """The URL of every page the site has: one per Markdown file of docs/ (``howto/xla.md``: ``howto/xla/``)."""
+    docs = os.path.join(ROOT, "docs")
+    paths = sorted(os.path.relpath(p, docs) for p in glob.glob(os.path.join(docs, "**", "*.md"), recursive=True))
+    return ["" if p == "index.md" else p[:-len(".md")] + "/" for p in paths]
+
+
+PAGES = _pages()
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,10 +70,12 @@ BUILD_NEEDS = ("mkdocs", "material", "mkdocstrings_handlers.python")
 def site():
     if _missing(BUILD_NEEDS):
         pytest.skip(_missing(BUILD_NEEDS))
-    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", SITE],
-                         cwd=ROOT, capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    if not os.environ.get("POLYDIST_DOCS_SITE"):
+        out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", SITE],
+                             cwd=ROOT, capture_output=True, text=True, timeout=240,
+                             env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert not os.path.exists(os.path.join(SITE, "_screenshots")), "screenshots are not published with the site"
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=SITE)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -128,15 +147,123 @@ def test_returns_tables_have_one_row_per_returned_value(site):
 
 
 def test_signatures_show_the_types_the_stubs_know(site):
-    """Where a ``.pyi`` has overloads, the reference shows them, and the implementation's signature (annotated
-    ``Any`` in the source) carries their types (docs/griffe_overloads.py), not a bare ``Any`` (issue 32)."""
+    """Where a ``.pyi`` has overloads, the reference shows one signature, typed with the overloads' types (not a
+    bare ``Any``), and the overloads as a table of accepted and returned types (docs/griffe_overloads.py)."""
     bare = re.compile(r"(?::|->)\s*Any\s*(?:[,=)]|$)")
-    checked = []
-    for name, _, signatures in _entries(os.path.join(SITE, "reference", "collectives", "index.html")):
-        if len(signatures) > 1:
-            checked.append(name.rsplit(".", 1)[-1])
-            assert not bare.search(signatures[-1]) and "_G" not in signatures[0], signatures
-    assert {"all_reduce", "broadcast", "all_gather", "scatter"} <= set(checked), checked
+    tabled = []
+    for name, entry, signatures in _entries(os.path.join(SITE, "reference", "collectives", "index.html")):
+        if "Accepted and returned types" in entry:
+            tabled.append(name.rsplit(".", 1)[-1])
+            assert len(signatures) == 1 and not bare.search(signatures[0]), signatures
+    assert {"all_reduce", "broadcast", "all_gather", "scatter"} <= set(tabled), tabled
+
+
+def _page_file(page: str) -> str:
+    return os.path.join(SITE, page, "index.html")
+
+
+class _Prose(HTMLParser):
+    """The text of a page as read, split into the paragraphs and table headers it renders, code left out."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.paragraphs, self.headers, self.text = [], [], []
+        self._code = self._skip = 0
+        self._p = self._th = None
+
+    def handle_starttag(self, tag, attrs):
+        self._code += tag in ("pre", "code")
+        self._skip += tag in ("script", "style")
+        if tag == "p":
+            self._p = []
+        elif tag == "thead":
+            self.headers.append([])
+        elif tag == "th":
+            self._th = []
+
+    def handle_endtag(self, tag):
+        self._code -= tag in ("pre", "code") and self._code > 0
+        self._skip -= tag in ("script", "style") and self._skip > 0
+        if tag == "p" and self._p is not None:
+            self.paragraphs.append("".join(self._p))
+            self._p = None
+        elif tag == "th" and self._th is not None and self.headers:
+            self.headers[-1].append("".join(self._th).strip())
+            self._th = None
+
+    def handle_data(self, data):
+        if self._skip:
+            return
+        self.text.append(data)
+        if self._p is not None and not self._code:
+            self._p.append(data)
+        if self._th is not None:
+            self._th.append(data)
+
+
+def _read(page: str) -> _Prose:
+    prose = _Prose()
+    prose.feed(open(_page_file(page), encoding="utf-8").read())
+    return prose
+
+
+# Markup that did not render, as it shows in a paragraph: a snippet include, a mkdocstrings directive, a Sphinx
+# role or literal-block marker, a Markdown list or bold run left as text, a code line outside a code block.
+LEAKS = {
+    "snippet include": re.compile(r"--8<--"),
+    "mkdocstrings directive": re.compile(r"^:::", re.M),
+    "Sphinx role": re.compile(r":(?:func|class|meth|mod|attr|data|exc|obj|py:\w+):`"),
+    "Sphinx literal block": re.compile(r"\S::\s*$"),
+    "raw list item": re.compile(r"\n\s*[-*] (?:\*\*|\S)"),
+    "raw bold": re.compile(r"\*\*\w"),
+    "code line": re.compile(r"(?:^|\n)\s*(?:def \w+\(|class \w+[(:]|import \w|from [\w.]+ import \w|@\w+\()"),
+}
+# What only the project's tracker knows: users cannot look these up.
+TRACKER = re.compile(r"\bissues? ?#?\d+|\bissue-\d+|\bthe issue\b|\bissue's\b|\bseeds? \d{3}\b", re.I)
+
+
+def test_no_markup_leaks_into_the_prose(site):
+    leaks = [(page or "home", what, m.group(0)) for page in PAGES for para in _read(page).paragraphs
+             for what, pattern in LEAKS.items() for m in [pattern.search(para)] if m]
+    assert leaks == []
+
+
+def test_no_tracker_references_on_the_site(site):
+    found = [(page or "home", m.group(0)) for page in PAGES for m in TRACKER.finditer("".join(_read(page).text))]
+    assert found == []
+
+
+@pytest.mark.parametrize("path", ["README.md", "docs"])
+def test_no_tracker_references_in_the_sources(path):
+    """The Markdown itself too, README.md included (GitHub shows it), and the examples the pages include."""
+    files = [os.path.join(ROOT, path)] if path.endswith(".md") else sorted(
+        glob.glob(os.path.join(ROOT, path, "**", "*.md"), recursive=True))
+    found = [(os.path.relpath(f, ROOT), m.group(0)) for f in files
+             for m in TRACKER.finditer(open(f, encoding="utf-8").read())]
+    assert files and found == []
+
+
+def test_tables_have_a_header(site):
+    empty = [page or "home" for page in PAGES for header in _read(page).headers if not any(header)]
+    assert empty == []
+
+
+SCREEN_LINE = 80  # characters: what the reference's column shows at 1280 px without scrolling
+
+
+def test_api_signatures_are_one_per_entry_and_fit_a_line(site):
+    problems, count = [], 0
+    for page in glob.glob(os.path.join(SITE, "reference", "*", "index.html")):
+        for name, _, signatures in _entries(page):
+            count += len(signatures)
+            if len(signatures) > 1:
+                problems.append((name, f"{len(signatures)} signatures"))
+            for line in "\n".join(signatures).splitlines():
+                if len(line) > SCREEN_LINE:
+                    problems.append((name, f"{len(line)} characters: {line[:60]}..."))
+                if re.search(r"\b_[A-Za-z]\w*\b", line) or re.search(r"\b(?:Union|Optional)\[", line):
+                    problems.append((name, line.strip()))
+    assert count >= 50 and problems == []
 
 
 def test_no_sphinx_markup_shows(site):
@@ -144,6 +271,21 @@ def test_no_sphinx_markup_shows(site):
     for page in glob.glob(os.path.join(SITE, "reference", "*", "index.html")):
         text = open(page, encoding="utf-8").read()
         assert not re.search(r"::</p>|:(?:func|class|meth|mod|exc):`", text), page
+
+
+# Code blocks wider than the page at the default width: in a Python listing (an example's code) the scrollbar
+# is the affordance, but a comment must not run past the edge; any other block (commands, output, diagrams)
+# must fit, as a reader does not expect to scroll it.
+CUT_OFF = """
+return Array.from(document.querySelectorAll('.md-content pre > code')).flatMap(code => {
+  if (code.scrollWidth <= code.clientWidth + 1) return [];
+  const edge = code.getBoundingClientRect().right;
+  const python = code.closest('.language-python, .language-py') !== null;
+  const cut = python ? Array.from(code.querySelectorAll('.c1, .c')).filter(c => c.getBoundingClientRect().right > edge + 1)
+                     : [code];
+  return cut.map(c => c.textContent.split('\\n').reduce((a, b) => b.length > a.length ? b : a, '').slice(0, 80));
+});
+"""
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -155,6 +297,8 @@ def test_page_renders_without_errors(page, site, browser):
     broken = browser.execute_script(
         "return Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
     assert broken == [], f"images that did not load on /{page}: {broken}"
+    os.makedirs(SHOTS, exist_ok=True)
+    browser.save_screenshot(os.path.join(SHOTS, (page.strip("/").replace("/", "_") or "home") + ".png"))
     if page.startswith("reference/"):
         entries = browser.execute_script("return document.querySelectorAll('.doc-object').length")
         assert entries >= 3, f"/{page} has {entries} rendered API entries"
@@ -163,6 +307,4 @@ def test_page_renders_without_errors(page, site, browser):
         assert empty == 0, f"/{page} has {empty} empty API sections"
     if page.startswith("benchmarks"):
         assert browser.execute_script("return document.images.length") >= 1
-    shots = os.path.join(SITE, "_screenshots")
-    os.makedirs(shots, exist_ok=True)
-    browser.save_screenshot(os.path.join(shots, (page.strip("/").replace("/", "_") or "home") + ".png"))
+    assert browser.execute_script(CUT_OFF) == [], f"code cut off at the page's edge on /{page}"
