@@ -12,13 +12,18 @@ import sys
 from typing import Any, Callable
 
 from .. import settings
+from ..backends import registry
 from ..errors import WorkerFailedError
 from . import mpiexec
 from .elastic import launch
 from .restarts import rerun
 from .trace_dir import job_trace_dir
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "BACKENDS"]
+
+# The backends as --help and the refusal of an unknown name list them: "mpi" also stands for mpi4py (polydist's
+# MPI group on stock wheels) and "xla-tpu" for idist's "xla". Any name the backend registry declares is accepted.
+BACKENDS = ("gloo", "nccl", "mpi", "horovod", "xla-tpu")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -32,7 +37,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "the launcher.",
     )
     run.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N")
-    run.add_argument("--backend", default=None, help="gloo, nccl, mpi, ... (default: nccl with CUDA, else gloo)")
+    run.add_argument("--backend", default=None, help=f"{', '.join(BACKENDS)} (default: nccl with CUDA, else gloo)")
     run.add_argument(
         "--nnodes",
         type=_nnodes,
@@ -144,6 +149,9 @@ def run(ns: argparse.Namespace) -> int:
     """Run ``polydist run`` from its parsed arguments (see :func:`add_parser`); returns the exit status."""
     if not ns.module and not os.path.exists(ns.script):
         print(f"polydist run: no such script: {ns.script}", file=sys.stderr)
+        return 2
+    if ns.backend is not None and ns.backend.lower() not in registry.names():  # before any rank or dump folder
+        print(f"polydist run: unknown backend {ns.backend!r}; use one of: {', '.join(BACKENDS)}", file=sys.stderr)
         return 2
     # This is the launcher's own process: its environment is ours to set, and
     # the workers inherit it.
