@@ -18,36 +18,38 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
-__all__ = ["OpLike", "resolve_op", "to_reduce_op", "check_op_dtype", "op_for", "Reductions", "declare", "check_backend"]
+__all__ = ["OpLike", "SPELLINGS", "resolve_op", "to_reduce_op", "check_op_dtype", "op_for", "Reductions", "declare", "check_backend"]
 
 OpLike = Union[str, "dist.ReduceOp", "dist.ReduceOp.RedOpType"]
 
-_NAMES = {
+# Every spelling of each op, canonical name first: idist's names (SUM, PRODUCT, MIN, MAX, AND, OR, and XOR by
+# analogy) and AVG; then torch.distributed.ReduceOp's member names (BAND, BOR, BXOR: op="BAND" ports
+# ReduceOp.BAND as written), NumPy's and MPI's PROD, and the "mean" of Lightning Fabric's and Accelerate's
+# reduce_op/reduction, and the AVERAGE of idist on Horovod (hvd.Average). Any case.
+SPELLINGS = {
+    "SUM": ("SUM",),
+    "PRODUCT": ("PRODUCT", "PROD"),
+    "MIN": ("MIN",),
+    "MAX": ("MAX",),
+    "AVG": ("AVG", "MEAN", "AVERAGE"),
+    "AND": ("AND", "BAND"),
+    "OR": ("OR", "BOR"),
+    "XOR": ("XOR", "BXOR"),
+}
+_REDUCE_OPS = {
     "SUM": dist.ReduceOp.SUM,
     "PRODUCT": dist.ReduceOp.PRODUCT,
-    "PROD": dist.ReduceOp.PRODUCT,
     "MIN": dist.ReduceOp.MIN,
     "MAX": dist.ReduceOp.MAX,
     "AVG": dist.ReduceOp.AVG,
-    "MEAN": dist.ReduceOp.AVG,
     "AND": dist.ReduceOp.BAND,
-    "BAND": dist.ReduceOp.BAND,
     "OR": dist.ReduceOp.BOR,
-    "BOR": dist.ReduceOp.BOR,
     "XOR": dist.ReduceOp.BXOR,
-    "BXOR": dist.ReduceOp.BXOR,
 }
+_NAMES = {spelling: _REDUCE_OPS[name] for name, spellings in SPELLINGS.items() for spelling in spellings}
 # Canonical names, as the design reference spells them.
-_CANONICAL = {
-    dist.ReduceOp.SUM: "SUM",
-    dist.ReduceOp.PRODUCT: "PRODUCT",
-    dist.ReduceOp.MIN: "MIN",
-    dist.ReduceOp.MAX: "MAX",
-    dist.ReduceOp.AVG: "AVG",
-    dist.ReduceOp.BAND: "AND",
-    dist.ReduceOp.BOR: "OR",
-    dist.ReduceOp.BXOR: "XOR",
-}
+_CANONICAL = {op: name for name, op in _REDUCE_OPS.items()}
+_EXPECTED = ", ".join(repr(s[0]) + (f" (or {', '.join(map(repr, s[1:]))})" if s[1:] else "") for s in SPELLINGS.values())
 
 
 # Every collective resolves its op: remember the spellings seen (a handful) and the
@@ -60,9 +62,11 @@ _CHECKED: dict[tuple, str] = {}  # (op as passed, dtype) -> canonical name, alre
 def resolve_op(op: OpLike) -> str:
     """Return the canonical op name ("SUM", ..., "XOR") for ``op``.
 
-    ``op`` is a name in any case ("sum", "Max", "and") or a
-    ``torch.distributed.ReduceOp``. Raises ``ValueError`` naming ``op`` when it
-    is neither a known name nor a supported ReduceOp.
+    ``op`` is a ``torch.distributed.ReduceOp`` or a name in any case ("sum",
+    "Max", "band"): SUM, PRODUCT (or PROD), MIN, MAX, AVG (or MEAN, AVERAGE),
+    AND (or BAND), OR (or BOR), XOR (or BXOR); see :data:`SPELLINGS`. Raises
+    ``ValueError`` naming ``op`` and every accepted name when it is neither a
+    known name nor a supported ReduceOp.
     """
     if isinstance(op, str):
         known = _SEEN.get(op)
@@ -73,8 +77,8 @@ def resolve_op(op: OpLike) -> str:
             return _SEEN[op]
         except KeyError:
             raise ValueError(  # ignite.distributed's wording first
-                f"Unsupported reduction operation: {op!r}; expected one of "
-                "'SUM', 'PRODUCT', 'MIN', 'MAX', 'AVG', 'AND', 'OR', 'XOR' (any case)"
+                f"Unsupported reduction operation: {op!r}; expected one of {_EXPECTED} (any case), "
+                "or a torch.distributed.ReduceOp"
             ) from None
     red_type = getattr(op, "op", op)  # a ReduceOp instance wraps its RedOpType
     for known, name in _CANONICAL.items():

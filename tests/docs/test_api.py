@@ -75,3 +75,18 @@ def test_front_pages_point_to_the_architecture_page(page):
     """Not to a design file outside the repository, which a user of it does not have."""
     text = open(os.path.join(ROOT, page), encoding="utf-8").read()
     assert "DESIGN.md" not in text and "architecture.md" in text and "contributing.md" in text
+
+
+def test_every_op_spelling_is_accepted_documented_and_listed_when_refused():
+    """The op names ``resolve_op`` accepts are the reference's table, and a refused name lists them all."""
+    from polydist import ops
+
+    section = open(os.path.join(REFERENCE, "collectives.md"), encoding="utf-8").read().split("## Reduce ops", 1)[1]
+    rows = {row.split("|")[1].strip(): row for row in re.findall(r"^\|.*\|$", section.split("\n#", 1)[0], re.M)[2:]}
+    with pytest.raises(ValueError) as refused:
+        ops.resolve_op("MEDIAN")
+    for name, spellings in ops.SPELLINGS.items():
+        row = next(row for first, row in rows.items() if f'"{name}"' in first)
+        for spelling in spellings:
+            assert ops.resolve_op(spelling.lower()) == name
+            assert f'"{spelling}"' in row and repr(spelling) in str(refused.value)

@@ -92,7 +92,8 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
             gradients of a model); or a Python number (bool, int, float,
             complex; NumPy scalars accepted).
         op: "SUM", "PRODUCT", "MIN", "MAX", "AVG", "AND", "OR", "XOR" (any
-            case) or a ``torch.distributed.ReduceOp``.
+            case; also torch's "BAND", "BOR", "BXOR", and "PROD", "MEAN",
+            "AVERAGE": ``polydist.ops.SPELLINGS``) or a ``torch.distributed.ReduceOp``.
         group: None (world), a ProcessGroup, or a list of global ranks.
         async_op: return a :class:`~polydist.Work` whose ``wait()`` returns
             the result.
