@@ -287,11 +287,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 else f"no checkpoint at {args.checkpoint} yet: starting at epoch 0"
             )
     start = time.perf_counter()
-    # stdout, like the other lines of rank 0, so that the launcher keeps them in order.
+    # Rank 0 only, on stdout like its other lines (the launcher keeps them in order). disable=None: tqdm's own
+    # terminal test; a rank's output under a launcher is a pipe, where each redraw would be a line of its own,
+    # so there the bar is drawn once, when the loop ends (format_meter, tqdm's own line).
     bar = tqdm(
         range(start_epoch, args.epochs), desc="epochs", initial=start_epoch, total=args.epochs,
-        disable=not main_rank, file=sys.stdout,
+        disable=None if main_rank else True, file=sys.stdout,
     )
+    loss = float("nan")
     for epoch in bar:
         if args.helpers:
             loss = train_epoch_ddp(model, optimizer, loader)
@@ -302,6 +305,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             bar.write(f"checkpoint: epoch {epoch + 1} saved to {args.checkpoint}", file=sys.stdout)
     bar.close()
     wall = time.perf_counter() - start
+    if main_rank and bar.disable:
+        print(tqdm.format_meter(args.epochs, args.epochs, wall, prefix="epochs", postfix=f"loss={loss:.4f}",
+                                initial=start_epoch))
 
     accuracy = evaluate(net, x_test, y_test)
     identical, diff = parameters_identical(net)

@@ -36,6 +36,9 @@ def test_two_ranks_learn_and_stay_identical(two_ranks):
     assert _accuracy(two_ranks) >= 0.93  # 8 epochs; the default 30 reach >= 0.95
     assert "[rank0]: parameters identical on all 2 ranks" in two_ranks
     assert "final test accuracy" not in two_ranks.replace("[rank0]: final test accuracy", "")  # rank 0 only
+    # The progress bar: rank 0's, one line (a redraw through the launcher's pipe would be a line of its own).
+    bars = [line for line in two_ranks.replace("\r", "\n").splitlines() if "epochs:" in line]
+    assert len(bars) == 1 and bars[0].startswith("[rank0]: epochs: 100%|") and "8/8" in bars[0], bars
 
 
 def test_serial_run_matches_two_ranks(two_ranks, cli_env):
