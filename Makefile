@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test fuzz setup docs docs-setup horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy clean
+.PHONY: demo test fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy clean
 
 setup: $(STAMP)
 
@@ -110,8 +110,11 @@ mpi-runtimes: $(call RUNTIME_STAMP,openmpi) $(call RUNTIME_STAMP,impi)
 test-openmpi test-impi: test-%: $(call RUNTIME_STAMP,%)
 	POLYDIST_TEST_BACKENDS=mpi $(VENV)/mpi/$*/bin/python -m pytest -p no:cacheprovider -k mpi tests
 
-# The documentation site (mkdocs.yml, docs/): the docs extra and Debian's chromium + chromedriver for the
-# browser check (tests/docs/test_site.py, which make test also runs, skipping it where they are missing).
+# The documentation site (mkdocs.yml, docs/): the docs extra (MkDocs, mkdocstrings, ruff for its signatures,
+# Selenium) and Debian's chromium + chromedriver for the check of every page (tests/docs/test_site.py, which
+# make test also runs, skipping the browser part where they are missing; its screenshots of every page go to
+# build/docs-screenshots/, not into site/). make docs-serve serves site/ on loopback: its links are directory
+# URLs, which a browser cannot follow in files opened from disk.
 DOCS_STAMP := $(VENV)/.polydist-docs-installed
 
 docs-setup: $(DOCS_STAMP)
@@ -126,6 +129,10 @@ $(DOCS_STAMP): $(STAMP)
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	$(BIN)/python -m pytest tests/docs -p no:cacheprovider
+
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	$(BIN)/python -m http.server --bind 127.0.0.1 --directory site 8000
 
 clean:
 	rm -rf $(VENV) $(VENV)-xla build src/*.egg-info .pytest_cache site
