@@ -19,7 +19,7 @@ _TensorT = TypeVar("_TensorT", bound=torch.Tensor)
 _FloatT = TypeVar("_FloatT", float, complex)  # a float stays a float, a complex a complex (ints: own overloads)
 _TensorsT = TypeVar("_TensorsT", bound=Sequence[torch.Tensor])
 
-# Op names under which the reduction of ints is an int (every op but AVG/MEAN), in
+# Op names under which the reduction of ints is an int (every op but AVG/MEAN/AVERAGE), in
 # the spellings the docs use; other spellings and ReduceOp values get int | float.
 _IntOp = Literal[
     "SUM", "sum", "Sum",
