@@ -13,6 +13,7 @@ The README's Quick start must be the page's commands, output and code.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -85,3 +86,15 @@ def test_getting_started_commands_run_from_a_fresh_clone(tmp_path):
     assert out.returncode == 0, f"exit code {out.returncode}\n--- stdout\n{out.stdout}\n--- stderr\n{out.stderr}"
     shown = [line for block in _blocks(page, "text") for line in block.splitlines()]
     assert sorted(out.stdout.splitlines()) == sorted(shown)  # the ranks' lines come in either order
+
+
+def test_pages_with_commands_say_how_to_get_polydist_on_the_path():
+    """A reader who lands on a tutorial finds the set-up: no ``polydist: command not found`` on the README's advice
+    to open the site, and every tutorial running ``polydist`` points to the activation step."""
+    readme = open(README, encoding="utf-8").read()
+    assert "site/index.html" not in readme  # the site's directory links do not work from files on disk
+    tutorials = glob.glob(os.path.join(ROOT, "docs", "tutorials", "*.md"))
+    missing = [os.path.basename(page) for page in tutorials
+               if "polydist run" in (text := open(page, encoding="utf-8").read())
+               and not ("source .venv/bin/activate" in text and "(../getting-started.md)" in text)]
+    assert len(tutorials) >= 9 and missing == []
