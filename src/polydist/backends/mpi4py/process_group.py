@@ -87,6 +87,15 @@ class MPIProcessGroup(PythonProcessGroup):
     def __repr__(self) -> str:
         return f"<MPIProcessGroup {self._backend} rank={self.rank()} size={self.size()}>"
 
+    def _cannot_cancel(self) -> str:
+        return "A blocked MPI collective cannot be cancelled: MPI_Abort ends the job after this rank's dump"
+
+    def _end_job(self, error: BaseException, text: str) -> None:
+        """MPI_Abort (every launcher then ends every rank), after the failure is left for ``polydist run``."""
+        from .job import fail
+
+        fail(_mpi.mpi().COMM_WORLD.Get_rank(), error, text, 1)
+
     # ------------------------------------------------------------ reductions
 
     def allreduce_tensor(self, t: torch.Tensor, op: Any = "SUM") -> torch.Tensor:
@@ -99,7 +108,9 @@ class MPIProcessGroup(PythonProcessGroup):
         """
         plan = _mpi.PLANS.get((t.dtype, op)) if isinstance(op, str) else None
         if plan is not None and not self._lane.pending and t.is_cpu and t.is_contiguous() and not profiling():
-            self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.cached_buffer(t, plan[0]), plan[1])
+            record, owned = self._begin("all_reduce", (t,), None, op, False)
+            self._lane.inline(lambda: self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.cached_buffer(t, plan[0]), plan[1]),
+                               record, owned)  # fmt: skip
             if plan[2]:
                 t.div_(self.comm.Get_size())
             return t
@@ -136,7 +147,7 @@ class MPIProcessGroup(PythonProcessGroup):
                 for t, piece in zip(members, flat.split([t.numel() for t in members])):
                     t.copy_(piece.view_as(t))
 
-        return self._run("allreduce_coalesced", body, tensors, opts, tensors)
+        return self._run("allreduce_coalesced", body, tensors, opts, tensors, red=op)
 
     def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
@@ -156,7 +167,7 @@ class MPIProcessGroup(PythonProcessGroup):
                     else:
                         self.comm.Reduce(_mpi.typed(w), None, mpi_op, root)
 
-        return self._run("reduce", body, tensors, opts, tensors)
+        return self._run("reduce", body, tensors, opts, tensors, root=root, red=opt(opts, "reduceOp", dist.ReduceOp.SUM))
 
     def _reduce_scatter_now(self, output: torch.Tensor, input: torch.Tensor, plan: tuple) -> None:
         name, mpi_op, wide = plan
@@ -225,7 +236,7 @@ class MPIProcessGroup(PythonProcessGroup):
                 self.comm.Allgatherv(_mpi.raw(body), [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE])
             done.append((p, out))
 
-        self._lane.call(run, "all_gather", [body])
+        self._call("all_gather", run, [body])
         return done[0]
 
     def gather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any], root: int) -> Any:
@@ -242,7 +253,7 @@ class MPIProcessGroup(PythonProcessGroup):
             self.comm.Gatherv(_mpi.raw(body), [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE], root)
             done[0] = (p, out)
 
-        self._lane.call(run, "gather", [body])
+        self._call("gather", run, [body])
         return done[0]
 
     def scatter_pieces(
@@ -264,7 +275,7 @@ class MPIProcessGroup(PythonProcessGroup):
                 self.comm.Scatterv(send, _mpi.raw(out), root)
             done.append((bytes(mine), out))
 
-        self._lane.call(run, "scatter", [])
+        self._call("scatter", run, [])
         return done[0]
 
     def all_to_all_pieces(
@@ -286,7 +297,7 @@ class MPIProcessGroup(PythonProcessGroup):
             )
             done.append((p, out))
 
-        self._lane.call(run, "all_to_all", [bodies])
+        self._call("all_to_all", run, [bodies])
         return done[0]
 
     # ------------------------------------------------------------ point-to-point
