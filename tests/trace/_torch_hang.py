@@ -10,7 +10,7 @@ polydist only for the ``mpi`` backend and calls ``init_process_group("mpi", time
   and DDP calls inside a comms profile; rank 0 prints the records and the profile's rows as JSON lines
   (``RECORD ...``, ``ROW ...``).
 
-Rank 0 prints ``WAITING <time.time()>`` before the call it may wait in.
+Rank 0 prints ``WAITING <time.time()>`` where rank 1 turns busy.
 """
 
 import datetime
@@ -28,8 +28,11 @@ BUSY = float(os.environ.get("HANG_BUSY", "60"))
 
 
 def busy_rank_1() -> None:
+    """Rank 1 is busy here; rank 0 goes on to the call it will wait in (and says when it went on)."""
     if dist.get_rank() == 1:
         time.sleep(BUSY)  # the busy line
+    else:
+        print(f"WAITING {time.time()}", flush=True)
 
 
 class Stalling(torch.nn.Module):
@@ -46,8 +49,6 @@ def main(mode: str) -> None:
     dist.init_process_group("mpi", timeout=datetime.timedelta(seconds=float(os.environ.get("HANG_TIMEOUT", "10"))))
     t = torch.ones(2)
     dist.all_reduce(t)
-    if dist.get_rank() == 0:
-        print(f"WAITING {time.time()}", flush=True)
     if mode == "all_reduce":
         busy_rank_1()
         dist.all_reduce(t)
