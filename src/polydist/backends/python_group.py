@@ -31,7 +31,7 @@ from ..errors import InvalidArgumentError
 from .direct import DirectProcessGroup
 from .tensors import Contiguous, byte_counts, bytes_of, unflatten
 from .watchdog import WATCHDOG, GroupTag, end_process, seconds
-from .work import Lane, LaneWork
+from .work import DoneWork, Lane, LaneWork
 
 __all__ = ["PythonProcessGroup", "NoPointToPoint", "opt", "check_cpu"]
 
@@ -68,6 +68,7 @@ class PythonProcessGroup(DirectProcessGroup):
         super().__init__(rank, size)
         self._backend = backend
         self._lane = Lane(backend)
+        self._done = DoneWork(None, backend=backend)  # what a blocking fast path returns (work.py: DoneWork)
         self._group_name = ""
         self._seq = 0  # operations started on this group, whoever called them: the same count on every member
         self._tag = GroupTag(tuple(range(size)), rank, seconds(None))

@@ -35,7 +35,7 @@ from torch.futures import Future
 from .._torch import WorkBase
 from ..collectives.recorder import RECORDER, START
 
-__all__ = ["Lane", "LaneWork", "StatusRequest", "profiling"]
+__all__ = ["Lane", "LaneWork", "DoneWork", "StatusRequest", "profiling"]
 
 _enter = torch._C._autograd._record_function_with_args_enter
 _exit = torch._C._autograd._record_function_with_args_exit
@@ -147,6 +147,25 @@ class LaneWork(WorkBase):
 
     def result(self) -> Any:
         return self._result
+
+
+class DoneWork(LaneWork):
+    """A group's one completed handle, handed out again by every blocking call it ran inline.
+
+    Creating a work handle costs about as much as a small MPI collective;
+    ``torch.distributed``'s blocking functions only ``wait()`` on the handle
+    and drop it. ``result()`` is the latest call's; ``get_future()`` is a new
+    completed future each time.
+    """
+
+    def completed(self, result: Any) -> "DoneWork":
+        self._result = result
+        return self
+
+    def get_future(self) -> Future:
+        future: Future = Future()
+        future.set_result(self._result)
+        return future
 
 
 def _wait_until(request: Any, seconds: float, backend: str) -> None:

@@ -108,19 +108,39 @@ class MPIProcessGroup(PythonProcessGroup):
         """
         plan = _mpi.PLANS.get((t.dtype, op)) if isinstance(op, str) else None
         if plan is not None and not self._lane.pending and t.is_cpu and t.is_contiguous() and not profiling():
-            record, owned = self._begin("all_reduce", (t,), None, op, False)
-            self._lane.inline(lambda: self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.cached_buffer(t, plan[0]), plan[1]),
-                               record, owned)  # fmt: skip
-            if plan[2]:
-                t.div_(self.comm.Get_size())
+            self._lean_allreduce(t, plan)
             return t
         return super().allreduce_tensor(t, op)
 
+    def allreduce(self, tensors: list, opts: Any = None) -> LaneWork:
+        """torch's ``all_reduce``. The common blocking call — one contiguous CPU tensor of a (dtype, op) the
+        group has reduced before, nothing queued, no profiler — is the MPI call on the caller's thread and
+        the group's completed handle (:class:`~polydist.backends.work.DoneWork`), which
+        ``torch.distributed.all_reduce`` waits on and drops; anything else takes the lane."""
+        if len(tensors) == 1 and opts is not None and not opts.asyncOp:
+            t = tensors[0]
+            plan = _mpi.PLANS.get((t.dtype, opts.reduceOp.op.value))  # the enum's int: hashing the enum is slow
+            if plan is not None and not self._lane.pending and t.is_cpu and t.is_contiguous() and not profiling():
+                self._lean_allreduce(t, plan)
+                return self._done.completed(tensors)
+        return super().allreduce(tensors, opts)
+
+    def _lean_allreduce(self, t: torch.Tensor, plan: tuple) -> None:
+        """All-reduce contiguous CPU ``t`` in place by its learnt ``plan`` (recorded, watched), on this thread."""
+        record, owned = self._begin("all_reduce", (t,), None, plan[3], False)
+        self._lane.inline(lambda: self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.cached_buffer(t, plan[0]), plan[1]),
+                          record, owned)  # fmt: skip
+        if plan[2]:
+            t.div_(self.comm.Get_size())
+
     def _reduce_plan(self, t: torch.Tensor, op: Any) -> tuple:
-        """``(op name, MPI op, wide dtype or None)``; learns the lean path's plan for an op given by name."""
+        """``(op name, MPI op, wide dtype or None)``; learns the lean path's plan for an op given by name or
+        by torch's ``ReduceOp`` (keyed by its ``RedOpType``)."""
         setup = _mpi.reduce_setup(t, op)
-        if isinstance(op, str) and setup[2] is None and t.dtype in _mpi.REDUCE_TYPES:
-            _mpi.PLANS[(t.dtype, op)] = (_mpi.REDUCE_TYPES[t.dtype], setup[1], setup[0] == "AVG")
+        kind = getattr(op, "op", None)  # torch's ReduceOp: its RedOpType
+        if setup[2] is None and t.dtype in _mpi.REDUCE_TYPES and (isinstance(op, str) or kind is not None):
+            key = op if isinstance(op, str) else kind.value
+            _mpi.PLANS[(t.dtype, key)] = (_mpi.REDUCE_TYPES[t.dtype], setup[1], setup[0] == "AVG", setup[0])
         return setup
 
     def _reduce_now(self, c: torch.Tensor, plan: tuple) -> None:
