@@ -7,7 +7,7 @@ polydist only for the ``mpi`` backend and calls ``init_process_group("mpi", time
 - ``ddp``: a DDP step where rank 1 stalls in its forward pass; rank 0 waits in the gradient all_reduce.
 - ``fsdp2``: an FSDP2 (``fully_shard``) step where rank 1 stalls before its forward; rank 0 waits in an all-gather.
 - ``once``: rank 1 is busy for ``$HANG_BUSY`` s (less than the timeout: no alarm), then torch-level, polydist
-  and DDP calls inside a comms profile; rank 0 prints the records and the profile's rows as JSON lines
+  and DDP calls and a send/recv inside a comms profile; rank 0 prints the records and the profile's rows as JSON lines
   (``RECORD ...``, ``ROW ...``).
 
 Rank 0 prints ``WAITING <time.time()>`` where rank 1 turns busy.
@@ -82,6 +82,10 @@ def once() -> None:
         pdist.all_reduce(torch.ones(256))
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
         model(torch.ones(3, 4)).sum().backward()
+        if dist.get_rank() == 0:
+            dist.send(torch.ones(3), dst=1)
+        else:
+            dist.recv(torch.empty(3), src=0)
     if dist.get_rank() == 0:
         for record in RECORDER.records()[0]:
             if record[0] >= first:

@@ -77,7 +77,8 @@ def test_torch_all_reduce_past_its_timeout_ends_the_job_under_mpiexec(cli_env, t
 
 
 def test_each_operation_recorded_once_and_profiled_without_false_alarm(cli_env, tmp_path):
-    """torch.distributed, polydist and DDP calls: one record each, numbered alike; profile rows with bandwidth.
+    """torch.distributed, polydist and DDP calls: one record each, numbered alike; profile rows with bandwidth; a
+    send recorded once, without a number.
 
     Rank 0 first waits 2 s (longer than the watchdog's check interval, shorter than the 4 s timeout)."""
     code, out, _ = _run("once", cli_env, tmp_path, timeout_s=4, busy_s=2)
@@ -85,7 +86,9 @@ def test_each_operation_recorded_once_and_profiled_without_false_alarm(cli_env, 
     first = json.JSONDecoder().raw_decode  # the other rank's output may follow on the same line
     records = [first(line[7:])[0] for line in out.splitlines() if line.startswith("RECORD ")]
     rows = [first(line[4:])[0] for line in out.splitlines() if line.startswith("ROW ")]
-    seqs = [r["seq"] for r in records]
+    [send] = [r for r in records if r["collective"] == "send"]  # point-to-point: recorded, not numbered
+    assert send["seq"] is None and send["shapes"] == [[3]] and send["state"] == "completed", records
+    seqs = [r["seq"] for r in records if r["seq"] is not None]
     assert seqs == sorted(set(seqs)), records  # one record per operation, numbered by the group's count
     mine = [r for r in records if r["file"] == JOB]
     reduces = [r for r in mine if r["collective"] == "all_reduce"]

@@ -85,9 +85,10 @@ def test_profiled_work_is_an_async_event_with_input_shapes():
 
 
 def test_abort_fails_the_queued_work_and_leaves_the_running_one():
-    lane, gate, ran = Lane("mpi4py"), threading.Event(), []
-    running = lane.run(lambda: (gate.wait(10), ran.append("running")), None, False, "t", ())
+    lane, gate, started, ran = Lane("mpi4py"), threading.Event(), threading.Event(), []
+    running = lane.run(lambda: (started.set(), gate.wait(10), ran.append("running")), None, False, "t", ())
     queued = lane.run(lambda: ran.append("queued"), None, False, "t", ())
+    assert started.wait(10)  # the first is running on the lane's thread, the second queued behind it
     lane.abort("aborted before it started")
     with pytest.raises(RuntimeError, match="aborted before it started"):
         queued.wait()

@@ -130,6 +130,15 @@ class PythonProcessGroup(DirectProcessGroup):
         x = inputs[0] if len(inputs) == 1 else inputs  # one tensor: the record's common, cheaper case
         return rec.start_op(self._tag, op, seq, red, root, x, async_op, rec.on), True
 
+    def _p2p_record(self, op: str, t: torch.Tensor, peer: int) -> Optional[list]:
+        """The flight-recorder record of a point-to-point call to or from group rank ``peer`` (not numbered: a
+        pair of ranks, not the group, takes part); None inside a polydist call (its record is the call's) or
+        with ``POLYDIST_TRACE=0``. Not watched: the program's ``wait()`` bounds it."""
+        rec = RECORDER
+        if rec.outer is not None or not rec.on:
+            return None
+        return rec.start_op(self._tag, op, None, None, None if peer < 0 else self._tag.ranks[peer], t, True, True)
+
     def _run(
         self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor],
         root: Any = None, red: Any = None,

@@ -79,6 +79,7 @@ class LaneWork(WorkBase):
         self._record = record  # an open profiler record function, closed on completion
         self._backend = backend
         self._keep: Any = None  # a buffer that must outlive the operation (a contiguous copy being sent)
+        self._trace: Optional[list] = None  # a point-to-point call's flight-recorder record, ended on completion
 
     # ---------------------------------------------------------------- completion (worker threads)
 
@@ -87,6 +88,12 @@ class LaneWork(WorkBase):
             record, self._record = self._record, None
             _exit(record)
         self._error = error
+        if self._trace is not None:
+            trace, self._trace = self._trace, None
+            if error is None:
+                RECORDER.end(trace)
+            else:
+                RECORDER.fail(trace, error)
         if self._done is not None:  # completed before the future is (as torch's own LaneWork): whoever the
             self._done.set()  # future wakes finds is_completed() true
         future = self._future
@@ -176,11 +183,18 @@ def _wait_until(request: Any, seconds: float, backend: str) -> None:
         time.sleep(1e-4)
 
 
-def request_work(result: Any, request: Any, backend: str, op: str, tensors: Sequence[torch.Tensor], **kw: Any) -> LaneWork:
-    """LaneWork for a started MPI request; while profiling, the progress thread completes it (an async event)."""
+def request_work(
+    result: Any, request: Any, backend: str, op: str, tensors: Sequence[torch.Tensor], trace: Optional[list] = None,
+    **kw: Any,
+) -> LaneWork:  # fmt: skip
+    """LaneWork for a started MPI request; while profiling, the progress thread completes it (an async event).
+    ``trace``: the call's flight-recorder record, marked completed (or failed) when the request completes."""
     if not profiling():
-        return LaneWork(result, request, backend=backend, **kw)
+        work = LaneWork(result, request, backend=backend, **kw)
+        work._trace = trace
+        return work
     work = LaneWork(result, request, queued=True, record=_record(backend, op, tensors), backend=backend, **kw)
+    work._trace = trace
     _progress.add(work)
     return work
 

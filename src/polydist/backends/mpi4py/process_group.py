@@ -326,7 +326,8 @@ class MPIProcessGroup(PythonProcessGroup):
         t = tensors[0]
         self._cpu(t)
         c = t if t.is_contiguous() else t.contiguous()
-        work = request_work(tensors, self.comm.Isend(_mpi.raw(c), dst, tag), self._backend, "send", tensors)
+        trace = self._p2p_record("send", t, dst)
+        work = request_work(tensors, self.comm.Isend(_mpi.raw(c), dst, tag), self._backend, "send", tensors, trace)
         work._keep = c  # the buffer must outlive the send
         return work
 
@@ -338,10 +339,11 @@ class MPIProcessGroup(PythonProcessGroup):
 
     def recv(self, tensors: list, src: int, tag: int) -> LaneWork:
         request = self.comm.Irecv(_mpi.raw(self._recv_buffer(tensors[0])), src, tag)
-        return request_work(tensors, request, self._backend, "recv", tensors)
+        return request_work(tensors, request, self._backend, "recv", tensors, self._p2p_record("recv", tensors[0], src))
 
     def recv_anysource(self, tensors: list, tag: int) -> LaneWork:
         status = _mpi.MPI.Status()  # filled when the request completes; names the sender
         request = StatusRequest(self.comm.Irecv(_mpi.raw(self._recv_buffer(tensors[0])), _mpi.MPI.ANY_SOURCE, tag), status)
-        return request_work(tensors, request, self._backend, "recvAnySource", tensors, source=status.Get_source)
+        trace = self._p2p_record("recv", tensors[0], -1)
+        return request_work(tensors, request, self._backend, "recvAnySource", tensors, trace, source=status.Get_source)
 
