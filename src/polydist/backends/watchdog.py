@@ -120,7 +120,7 @@ class Watchdog:
                     if record is not None and timeout_s is not None and now - since > timeout_s:
                         if record[STATE] == STARTED and record is lane.current:
                             self._fired = True
-                            self._alarm(group, record, now - since)
+                            self._alarm(group, record)
                             break
                 if self._polling and not self._fired:
                     self._poll()
@@ -164,7 +164,7 @@ class Watchdog:
     def _last_started(self) -> str:
         return "; ".join(f"last started #{g._seq} on group {list(g._tag.ranks)}" for g in list(self.groups))
 
-    def _alarm(self, group: Any, record: list, waited: float) -> None:
+    def _alarm(self, group: Any, record: list) -> None:
         from ..collectives import timeouts
 
         tag, name, seq = group._tag, record[NAME], record[SEQ]
