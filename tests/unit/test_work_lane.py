@@ -82,3 +82,17 @@ def test_profiled_work_is_an_async_event_with_input_shapes():
     events = [e for e in prof.events() if e.name == "mpi:all_reduce"]
     assert [(e.input_shapes, e.is_async) for e in events] == [([[2, 3]], True)]
     lane.stop()
+
+
+def test_abort_fails_the_queued_work_and_leaves_the_running_one():
+    lane, gate, started, ran = Lane("mpi4py"), threading.Event(), threading.Event(), []
+    running = lane.run(lambda: (started.set(), gate.wait(10), ran.append("running")), None, False, "t", ())
+    queued = lane.run(lambda: ran.append("queued"), None, False, "t", ())
+    assert started.wait(10)  # the first is running on the lane's thread, the second queued behind it
+    lane.abort("aborted before it started")
+    with pytest.raises(RuntimeError, match="aborted before it started"):
+        queued.wait()
+    gate.set()
+    running.wait()
+    assert ran == ["running"] and lane.pending == 0
+    lane.stop()

@@ -20,15 +20,18 @@ direct piece exchanges of :class:`~polydist.backends.direct.DirectProcessGroup`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from datetime import timedelta
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
+from ..collectives.recorder import RECORDER, RES, SEQ
 from ..errors import InvalidArgumentError
 from .direct import DirectProcessGroup
 from .tensors import Contiguous, byte_counts, bytes_of, unflatten
-from .work import Lane, LaneWork
+from .watchdog import WATCHDOG, GroupTag, end_process, seconds
+from .work import DoneWork, Lane, LaneWork
 
 __all__ = ["PythonProcessGroup", "NoPointToPoint", "opt", "check_cpu"]
 
@@ -65,7 +68,29 @@ class PythonProcessGroup(DirectProcessGroup):
         super().__init__(rank, size)
         self._backend = backend
         self._lane = Lane(backend)
+        self._done = DoneWork(None, backend=backend)  # what a blocking fast path returns (work.py: DoneWork)
         self._group_name = ""
+        self._seq = 0  # operations started on this group, whoever called them: the same count on every member
+        self._tag = GroupTag(tuple(range(size)), rank, seconds(None))
+        WATCHDOG.watch(self)
+
+    def _configure(self, global_ranks: Optional[Sequence[int]], timeout: Optional[timedelta]) -> None:
+        """Set the group's global ranks (None or empty: the world) and timeout (None: torch's default), which its
+        records and the watchdog use; the creator calls it with what torch.distributed gave."""
+        ranks = tuple(global_ranks) if global_ranks else tuple(range(self.size()))
+        self._tag = GroupTag(ranks, ranks[self.rank()], seconds(timeout))
+        WATCHDOG.retune()
+
+    def _configured(self, opts: Any) -> "PythonProcessGroup":
+        """:meth:`_configure` with torch's ``_DistributedBackendOptions`` (a creator's ``opts``); returns the group."""
+        self._configure(opts.global_ranks_in_group, opts.timeout)
+        return self
+
+    def _set_default_timeout(self, timeout: timedelta) -> None:
+        """Change the timeout of the group's next and running operations (the Backend method torch's
+        ``_set_pg_timeout`` calls on gloo and nccl)."""
+        self._tag.timeout_s = seconds(timeout)
+        WATCHDOG.retune()
 
     def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
         return self._backend
@@ -81,9 +106,54 @@ class PythonProcessGroup(DirectProcessGroup):
             raise RuntimeError("ProcessGroup name not set")
         return self._group_name
 
-    def _run(self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor]) -> LaneWork:
-        """``body`` on the lane, in call order; blocking when torch asked for ``async_op=False``."""
-        return self._lane.run(body, result, not opt(opts, "asyncOp", True), op, inputs)
+    # ------------------------------------------------------------ recording and the watchdog
+
+    def _begin(self, op: str, inputs: Any, root: Any, red: Any, async_op: bool) -> tuple:
+        """The record of the operation starting now and whether this group owns it (marks it ended).
+
+        Inside a polydist call (the pipeline's record is the recorder's
+        ``outer``) the group adopts that record, numbered with the group's
+        count, so the call is recorded once; otherwise a record of its own
+        (kept in the ring unless ``POLYDIST_TRACE=0``; then for the watchdog only).
+        """
+        self._seq = seq = self._seq + 1
+        rec = RECORDER
+        record = rec.outer
+        if record is not None:
+            if record[RES] is not self._tag:  # the call's first operation on this group: its number
+                record[RES], record[SEQ] = self._tag, seq
+            return record, False
+        if not rec.on and not WATCHDOG.enabled:
+            return None, False
+        if root is not None:
+            root = self._tag.ranks[root]  # torch passes group ranks; records hold global ones
+        x = inputs[0] if len(inputs) == 1 else inputs  # one tensor: the record's common, cheaper case
+        return rec.start_op(self._tag, op, seq, red, root, x, async_op, rec.on), True
+
+    def _p2p_record(self, op: str, t: torch.Tensor, peer: int) -> Optional[list]:
+        """The flight-recorder record of a point-to-point call to or from group rank ``peer`` (not numbered: a
+        pair of ranks, not the group, takes part); None inside a polydist call (its record is the call's) or
+        with ``POLYDIST_TRACE=0``. Not watched: the program's ``wait()`` bounds it."""
+        rec = RECORDER
+        if rec.outer is not None or not rec.on:
+            return None
+        return rec.start_op(self._tag, op, None, None, None if peer < 0 else self._tag.ranks[peer], t, True, True)
+
+    def _run(
+        self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor],
+        root: Any = None, red: Any = None,
+    ) -> LaneWork:  # fmt: skip
+        """``body`` on the lane, in call order; blocking when torch asked for ``async_op=False``.
+
+        ``root`` (a group rank) and ``red`` (the reduction op) go into the record."""
+        blocking = not opt(opts, "asyncOp", True)
+        record, owned = self._begin(op, inputs, root, red, not blocking)
+        return self._lane.run(body, result, blocking, op, inputs, record, owned)
+
+    def _call(self, op: str, body: Callable[[], None], inputs: Sequence[torch.Tensor]) -> None:
+        """``body`` now, in order with the queued work: polydist's direct calls (blocking, no work handle)."""
+        record, owned = self._begin(op, inputs, None, None, False)
+        self._lane.call(body, op, inputs, record, owned)
 
     def _after(self, works: list, result: Any, opts: Any) -> LaneWork:
         """One LaneWork for several queued on this lane: done when the last is (the lane keeps order)."""
@@ -92,7 +162,29 @@ class PythonProcessGroup(DirectProcessGroup):
             for w in works:
                 w.wait()  # already done: the lane ran them first; re-raises their errors
 
-        return self._run("coalesced", body, result, opts, ())
+        return self._lane.run(body, result, not opt(opts, "asyncOp", True), "coalesced", ())
+
+    def _cannot_cancel(self) -> str:
+        """What the watchdog says of the stuck operation before :meth:`_end_job`."""
+        return (f"The {self._backend} backend's blocked operation cannot be cancelled; "
+                "this rank ends the job (the launcher ends the other ranks)")  # fmt: skip
+
+    def _end_job(self, error: BaseException, text: str) -> None:
+        """End the job after the watchdog's dump: this process exits with status 1 (the launcher ends the rest)."""
+        end_process(self._tag.rank, text)
+
+    def shutdown(self) -> None:
+        """torch's ``destroy_process_group``: finish the queued operations (a second at most), stop the lane's
+        thread and the watchdog's watch of this group. Nothing is sent."""
+        WATCHDOG.forget(self)
+        self._lane.stop()
+
+    def abort(self) -> None:
+        """torch's ``_abort_process_group``: fail the queued operations not yet started (``RuntimeError``), stop
+        watching the group. An operation already inside the transport cannot be cancelled and runs on."""
+        WATCHDOG.forget(self)
+        self._lane.abort(f"{self._backend}: the process group was aborted before this operation started")
+        self._lane.stop(0.0)
 
     # ------------------------------------------------------------ argument checks
 
@@ -143,17 +235,18 @@ class PythonProcessGroup(DirectProcessGroup):
             self._reduce_now(c, plan)
 
     def allreduce(self, tensors: list, opts: Any = None) -> LaneWork:
-        plans = self._plans(tensors, opt(opts, "reduceOp", dist.ReduceOp.SUM))
+        red = opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        plans = self._plans(tensors, red)
 
         def body() -> None:
             for t, plan in zip(tensors, plans):
                 self._reduce_into(t, plan)
 
-        return self._run("all_reduce", body, tensors, opts, tensors)
+        return self._run("all_reduce", body, tensors, opts, tensors, red=red)
 
     def allreduce_tensor(self, t: torch.Tensor, op: Any = "SUM") -> torch.Tensor:
         plan = self._plans([t], op)[0]
-        self._lane.call(lambda: self._reduce_into(t, plan), "all_reduce", [t])
+        self._call("all_reduce", lambda: self._reduce_into(t, plan), [t])
         return t
 
     def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
@@ -167,9 +260,11 @@ class PythonProcessGroup(DirectProcessGroup):
             )
         if input.dtype != output.dtype:
             raise InvalidArgumentError(f"reduce_scatter: input dtype {input.dtype} differs from output dtype {output.dtype}")
-        plan = self._plans([input], opt(opts, "reduceOp", dist.ReduceOp.SUM))[0]
+        red = opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        plan = self._plans([input], red)[0]
         self._cpu(output)
-        return self._run("reduce_scatter_tensor", lambda: self._reduce_scatter_now(output, input, plan), output, opts, [input])
+        return self._run("reduce_scatter_tensor", lambda: self._reduce_scatter_now(output, input, plan), output, opts, [input],
+                         red=red)  # fmt: skip
 
     def _reduce_scatter_now(self, output: torch.Tensor, input: torch.Tensor, plan: Any) -> None:
         raise NotImplementedError
@@ -186,7 +281,7 @@ class PythonProcessGroup(DirectProcessGroup):
                 with Contiguous(t, write_back=not here) as c:
                     self._broadcast_now(c, root)
 
-        return self._run("broadcast", body, tensors, opts, tensors)
+        return self._run("broadcast", body, tensors, opts, tensors, root=root)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         size = self.size()
@@ -251,7 +346,7 @@ class PythonProcessGroup(DirectProcessGroup):
         if self.rank() == root:
             self._one_per_rank("gather", "output", output_lists[0], inputs[0], "input")
         outs = output_lists[0] if self.rank() == root else []
-        return self._run("gather", lambda: self._gather_list(outs, inputs[0], root), output_lists, opts, inputs)
+        return self._run("gather", lambda: self._gather_list(outs, inputs[0], root), output_lists, opts, inputs, root=root)
 
     def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
@@ -265,7 +360,7 @@ class PythonProcessGroup(DirectProcessGroup):
                 src = torch.cat([bytes_of(t.contiguous()) for t in input_lists[0]]) if here else None
                 self._scatter_from(src, dst, root)
 
-        return self._run("scatter", body, outputs, opts, input_lists[0] if here else outputs)
+        return self._run("scatter", body, outputs, opts, input_lists[0] if here else outputs, root=root)
 
     def all_to_all_single(
         self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],

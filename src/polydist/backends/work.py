@@ -33,11 +33,13 @@ import torch
 from torch.futures import Future
 
 from .._torch import WorkBase
+from ..collectives.recorder import RECORDER, START
 
-__all__ = ["Lane", "LaneWork", "StatusRequest", "profiling"]
+__all__ = ["Lane", "LaneWork", "DoneWork", "StatusRequest", "profiling"]
 
 _enter = torch._C._autograd._record_function_with_args_enter
 _exit = torch._C._autograd._record_function_with_args_exit
+_now = time.time
 profiling: Callable[[], bool] = torch._C._autograd._profiler_enabled
 
 
@@ -77,6 +79,7 @@ class LaneWork(WorkBase):
         self._record = record  # an open profiler record function, closed on completion
         self._backend = backend
         self._keep: Any = None  # a buffer that must outlive the operation (a contiguous copy being sent)
+        self._trace: Optional[list] = None  # a point-to-point call's flight-recorder record, ended on completion
 
     # ---------------------------------------------------------------- completion (worker threads)
 
@@ -85,6 +88,12 @@ class LaneWork(WorkBase):
             record, self._record = self._record, None
             _exit(record)
         self._error = error
+        if self._trace is not None:
+            trace, self._trace = self._trace, None
+            if error is None:
+                RECORDER.end(trace)
+            else:
+                RECORDER.fail(trace, error)
         if self._done is not None:  # completed before the future is (as torch's own LaneWork): whoever the
             self._done.set()  # future wakes finds is_completed() true
         future = self._future
@@ -147,6 +156,25 @@ class LaneWork(WorkBase):
         return self._result
 
 
+class DoneWork(LaneWork):
+    """A group's one completed handle, handed out again by every blocking call it ran inline.
+
+    Creating a work handle costs about as much as a small MPI collective;
+    ``torch.distributed``'s blocking functions only ``wait()`` on the handle
+    and drop it. ``result()`` is the latest call's; ``get_future()`` is a new
+    completed future each time.
+    """
+
+    def completed(self, result: Any) -> "DoneWork":
+        self._result = result
+        return self
+
+    def get_future(self) -> Future:
+        future: Future = Future()
+        future.set_result(self._result)
+        return future
+
+
 def _wait_until(request: Any, seconds: float, backend: str) -> None:
     deadline = time.monotonic() + seconds
     while not request.Test():
@@ -155,11 +183,18 @@ def _wait_until(request: Any, seconds: float, backend: str) -> None:
         time.sleep(1e-4)
 
 
-def request_work(result: Any, request: Any, backend: str, op: str, tensors: Sequence[torch.Tensor], **kw: Any) -> LaneWork:
-    """LaneWork for a started MPI request; while profiling, the progress thread completes it (an async event)."""
+def request_work(
+    result: Any, request: Any, backend: str, op: str, tensors: Sequence[torch.Tensor], trace: Optional[list] = None,
+    **kw: Any,
+) -> LaneWork:  # fmt: skip
+    """LaneWork for a started MPI request; while profiling, the progress thread completes it (an async event).
+    ``trace``: the call's flight-recorder record, marked completed (or failed) when the request completes."""
     if not profiling():
-        return LaneWork(result, request, backend=backend, **kw)
+        work = LaneWork(result, request, backend=backend, **kw)
+        work._trace = trace
+        return work
     work = LaneWork(result, request, queued=True, record=_record(backend, op, tensors), backend=backend, **kw)
+    work._trace = trace
     _progress.add(work)
     return work
 
@@ -188,31 +223,39 @@ class Lane:
     ``pending`` counts operations handed to the worker and not finished; the
     caller's thread reads it (under the GIL) to decide whether a blocking
     call may run inline. The worker starts on first use and ends at exit.
+    ``current`` and ``since``: the record of the operation running now and
+    when it started, which the watchdog (:mod:`polydist.backends.watchdog`) reads.
     """
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self.pending = 0
+        self.current: Optional[list] = None  # the record of the operation running now (inline or on the worker)
+        self.since = 0.0  # when it started running (time.time())
         self._queue: collections.deque = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
 
-    def run(self, body: Callable[[], None], result: Any, blocking: bool, op: str, tensors: Sequence[torch.Tensor]) -> LaneWork:
+    def run(
+        self, body: Callable[[], None], result: Any, blocking: bool, op: str, tensors: Sequence[torch.Tensor],
+        record: Optional[list] = None, owned: bool = False,
+    ) -> LaneWork:  # fmt: skip
         """Run ``body`` (the MPI calls) in order with this lane's other work; LaneWork for its ``result``.
 
         Inline when ``blocking`` and nothing is queued and no profiler records;
         otherwise queued. Errors raised by ``body`` reach ``wait()`` and the future.
-        ``op`` names the profiler event ``"<backend>:<op>"``.
+        ``op`` names the profiler event ``"<backend>:<op>"``. ``record``: the
+        operation's flight-recorder record, shown to the watchdog while ``body``
+        runs (:attr:`current`), and marked completed or failed here when ``owned``.
         """
         profiled = profiling()
         if blocking and not self.pending and not profiled:
-            body()
+            self.inline(body, record, owned)
             return LaneWork(result, backend=self.backend)
-        record = _record(self.backend, op, tensors) if profiled else None
-        work = LaneWork(result, queued=True, record=record, backend=self.backend)
+        work = LaneWork(result, queued=True, record=_record(self.backend, op, tensors) if profiled else None, backend=self.backend)
         with self._cond:
             self.pending += 1
-            self._queue.append((body, work))
+            self._queue.append((body, work, record, owned))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=f"polydist-{self.backend}-lane", daemon=True)
                 self._thread.start()
@@ -220,32 +263,69 @@ class Lane:
             self._cond.notify()
         return work
 
-    def call(self, body: Callable[[], None], op: str, tensors: Sequence[torch.Tensor]) -> None:
+    def inline(self, body: Callable[[], None], record: Optional[list], owned: bool) -> None:
+        if record is None:
+            body()
+            return
+        self.since, self.current = record[START], record  # since first: the watchdog reads current, then since
+        try:
+            body()
+        except BaseException as exc:
+            self.current = None
+            if owned:
+                RECORDER.fail(record, exc)
+            raise
+        self.current = None
+        if owned:
+            RECORDER.end(record)
+
+    def call(self, body: Callable[[], None], op: str, tensors: Sequence[torch.Tensor], record: Optional[list] = None,
+             owned: bool = False) -> None:  # fmt: skip
         """Run ``body`` now, in order with the queued work (inline when idle, as :meth:`run`), and return when done.
 
         :meth:`run` and ``wait()`` minus the :class:`LaneWork` handle, which costs as
         much as a small MPI call: polydist's blocking byte exchanges take this.
         """
         if not self.pending and not profiling():
-            body()
+            self.inline(body, record, owned)
         else:
-            self.run(body, None, True, op, tensors).wait()
+            self.run(body, None, True, op, tensors, record, owned).wait()
 
     def _loop(self) -> None:
         while True:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                body, work = self._queue.popleft()
+                body, work, record, owned = self._queue.popleft()
             if body is None:
                 return
             error: Optional[BaseException] = None
+            if record is not None:
+                self.since, self.current = _now(), record  # the timeout runs from here, not from the queueing
             try:
                 body()
             except BaseException as e:  # noqa: BLE001 - handed to the waiter, whatever it is
                 error = e
+            self.current = None
+            if owned:
+                if error is None:
+                    RECORDER.end(record)
+                else:
+                    RECORDER.fail(record, error)
             with self._cond:
                 self.pending -= 1  # before completing: a future's callback may issue the next call
+            work._complete(error)
+
+    def abort(self, why: str) -> None:
+        """Fail the operations queued and not started with ``RuntimeError(why)``; the running one cannot be stopped."""
+        with self._cond:
+            dropped = [entry for entry in self._queue if entry[0] is not None]
+            self._queue = collections.deque(entry for entry in self._queue if entry[0] is None)
+            self.pending -= len(dropped)
+        for _, work, record, owned in dropped:
+            error = RuntimeError(why)
+            if owned:
+                RECORDER.fail(record, error)
             work._complete(error)
 
     def stop(self, seconds: float = 1.0) -> None:
@@ -254,7 +334,7 @@ class Lane:
             thread, self._thread = self._thread, None
             if thread is None:
                 return
-            self._queue.append((None, None))
+            self._queue.append((None, None, None, False))
             self._cond.notify()
         thread.join(seconds)
 

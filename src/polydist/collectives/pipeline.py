@@ -19,7 +19,10 @@ collective runs the shared steps, always in this order:
 5. **sequence number**: the group's count of collectives, one counter per
    group that debug mode and timeouts share;
 6. **flight recorder** (:mod:`~polydist.collectives.recorder`): the call
-   is recorded as started, and as completed or failed when it ends;
+   is recorded as started, and as completed or failed when it ends; while
+   its body runs the record is the recorder's ``outer`` one, which a
+   process group that records its own operations (polydist's Python groups,
+   whoever calls them) adopts, so the call is recorded once;
 7. **debug fingerprint** (:mod:`~polydist.collectives.debug`), when on;
 8. **timeout naming** (:mod:`~polydist.collectives.timeouts`) around
 9. **the body**: the backend call(s) — and around the ``wait()`` of the
@@ -142,14 +145,18 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
             if not rec.on:
                 return body(res, *args, async_op)
             record = rec.start(res, name, None, op, root, args[0], async_op)
+            outer, rec.outer = rec.outer, record  # the group's own record of this call is this one
             try:
                 result = body(res, *args, async_op)
             except BaseException as exc:
                 rec.fail(record, exc)
                 raise
+            finally:
+                rec.outer = outer
             return _recorded(rec, record, result, async_op)
         res.seq += 1
         record = rec.start(res, name, res.seq, op, root, args[0] if args else (), async_op) if rec.on else None
+        outer, rec.outer = rec.outer, record
         try:
             debug_on = switch.value
             if debug_on is None:
@@ -159,12 +166,14 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
                 debug.check(res, name, agree, shown)
             result = body(res, *args, async_op)
         except BaseException as exc:
+            rec.outer = outer
             named = timeouts.failed(
                 exc, lambda e: timeouts.explain(e, res, name, rooted), (rec, record) if record is not None else None
             )
             if named is None:
                 raise
             raise named from exc
+        rec.outer = outer
         if async_op:  # the wait may time out too: name the missing ranks there as well
             seq = res.seq
             result.explain = lambda exc: timeouts.explain(exc, res, name, rooted, seq)

@@ -41,6 +41,9 @@ _MANY = object()
 _now = time.time
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../polydist/
+# A call that reaches a process group through torch.distributed (DDP, FSDP2, the user) is shown at the first
+# frame outside polydist and torch: the program's line, not torch's wrapper.
+_LIBRARIES = (_PACKAGE, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 
 
 def _tensors(x: Any) -> Optional[tuple]:
@@ -52,9 +55,10 @@ def _tensors(x: Any) -> Optional[tuple]:
     return None
 
 
-def _outside(frame: Any) -> Any:
-    """The first frame, from ``frame`` up, whose code is not polydist's (the outermost one if none is)."""
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+def _outside(frame: Any, inside: Any = _PACKAGE) -> Any:
+    """The first frame, from ``frame`` up, whose file is not under ``inside`` (a prefix or a tuple of them;
+    the outermost frame if every one is)."""
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
         frame = frame.f_back
     return frame
 
@@ -69,15 +73,20 @@ class Recorder:
         keep: when a list, every record that ends (completed or failed) is
             also appended to it — the comms profile's feed
             (:mod:`polydist.trace.profile`); None otherwise.
+        outer: the record of the polydist call now running its body on this
+            process (set by the pipeline): a process group that records its
+            own operations (:mod:`polydist.backends.python_group`) adopts it
+            instead of recording the same call twice.
     """
 
-    __slots__ = ("on", "size", "slots", "count", "keep")
+    __slots__ = ("on", "size", "slots", "count", "keep", "outer")
 
     def __init__(self, on: bool, size: int) -> None:
         self.on, self.size = on, size
         self.slots: list = [None] * size
         self.count = 0
         self.keep: Optional[list] = None
+        self.outer: Optional[list] = None
 
     def start(self, res: Any, name: str, seq: Optional[int], op: Any, root: Any, x: Any, async_op: bool) -> list:
         """Record a call that is starting; returns its record for :meth:`end`/:meth:`fail`.
@@ -99,8 +108,30 @@ class Recorder:
         self.count = n + 1
         return record
 
+    def start_op(self, res: Any, name: str, seq: int, op: Any, root: Any, x: Any, async_op: bool, ring: bool) -> list:
+        """Record an operation a process group starts, whoever called it (torch.distributed, DDP, FSDP2).
+
+        ``res``: the group's tag (``ranks`` its global ranks), ``seq`` the
+        group's count of operations. The caller shown is the first frame
+        outside polydist and torch. ``ring`` False: a record for the group's
+        watchdog only, not kept in the ring (``POLYDIST_TRACE=0``).
+        """
+        frame = _outside(sys._getframe(2), _LIBRARIES)
+        if type(x) is torch.Tensor:
+            dtype, shape = x.dtype, x.shape
+        else:
+            dtype, shape = _MANY, _tensors(x)
+        n = self.count if ring else -1
+        record = [n, name, res, seq, op, root, dtype, shape, frame.f_code, frame.f_lineno, _now(), None, STARTED, None, async_op]
+        if ring:
+            self.slots[n % self.size] = record
+            self.count = n + 1
+        return record
+
     def end(self, record: list) -> None:
-        """Mark ``record`` completed now."""
+        """Mark ``record`` completed now (unless it failed already: a watchdog's timeout stays)."""
+        if record[STATE] is not STARTED:
+            return
         record[END] = _now()
         record[STATE] = COMPLETED
         if self.keep is not None:
@@ -130,6 +161,7 @@ def as_dict(record: list) -> dict:
     res, code = record[RES], record[CODE]
     tensors = record[SHAPE] if record[DTYPE] is _MANY else ((record[DTYPE], record[SHAPE]),)
     op = record[OP]
+    op = getattr(op, "op", op)  # torch's ReduceOp (a group's record) holds its RedOpType
     return {
         "id": record[ID],
         "collective": record[NAME],

@@ -12,9 +12,10 @@ missing. Only the error path communicates.
 
 The timeout itself is the process group's (``initialize(timeout=...)``,
 ``spawn(timeout=...)``, ``polydist run --timeout``). MPI collectives have no
-timeout: on mpi4py a rank that raises ends the job through ``MPI_Abort``, and a
-rank that dies is ended by ``mpiexec``; a rank that merely stops calling
-collectives leaves the others waiting.
+timeout of their own: polydist's Python groups (mpi4py, horovod, xla-tpu)
+are watched by :mod:`polydist.backends.watchdog`, which names the call with
+:func:`describe` and ends the job; on mpi4py a rank that raises ends the job
+through ``MPI_Abort``, and a rank that dies is ended by ``mpiexec``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .. import _torch
 from ..errors import CollectiveTimeoutError, PolydistError
 from ..groups import Resolved
 
-__all__ = ["explain", "failed", "on_timeout"]
+__all__ = ["explain", "failed", "on_timeout", "describe", "grace"]
 
 # Called with the named timeout before it is raised: the flight recorder's dump
 # (polydist.trace.dump.timed_out), connected by polydist._wiring, since trace/
@@ -107,18 +108,37 @@ def _compare_notes(res: Resolved, seq: int, name: str, grace_s: float) -> set:
 def _explain(name: str, rooted: bool, exc: Exception, res: Resolved, seq: int) -> CollectiveTimeoutError:
     timeout_s = _timeout_s(res, exc)
     # Ranks that entered the call within the grace of each other time out within it too.
-    grace_s = min(max(1.0, 0.2 * timeout_s), 5.0) if timeout_s else 2.0
-    head = f"{name} #{seq} on group {_show(list(res.ranks))} timed out"
-    head += f" after {timeout_s:g} s" if timeout_s else ""
-    head += f" on rank {res.rank}"
-    fields = dict(collective=name, seq=seq, group=res.ranks, rank=res.rank, timeout_s=timeout_s)
     try:
-        seen = _compare_notes(res, seq, name, grace_s)
+        seen = _compare_notes(res, seq, name, grace(timeout_s))
     except Exception as store_exc:  # the store's host may be gone as well
-        text = f"{head}; could not learn which ranks arrived (store: {store_exc})"
-        return CollectiveTimeoutError(text, waiting=None, missing=None, **fields)
+        return describe(name, seq, res.ranks, res.rank, timeout_s, None, rooted, unknown=f"store: {store_exc}")
+    return describe(name, seq, res.ranks, res.rank, timeout_s, seen, rooted)
+
+
+def grace(timeout_s: Optional[float]) -> float:
+    """How long a rank that timed out waits for the other ranks' word (seconds)."""
+    return min(max(1.0, 0.2 * timeout_s), 5.0) if timeout_s else 2.0
+
+
+def describe(
+    name: str, seq: int, ranks: tuple, rank: int, timeout_s: Optional[float], seen: Optional[set], rooted: bool,
+    *, what: str = "", unknown: str = "", after: str = "",
+) -> CollectiveTimeoutError:
+    """The :class:`CollectiveTimeoutError` of call ``name`` #``seq`` on group ``ranks`` (global ranks) on ``rank``.
+
+    ``seen``: the ranks known to have entered the call (None: unknown, for
+    the reason ``unknown``); the others did not arrive. ``what``: the call's
+    arguments, shown after its number; ``after``: a sentence appended.
+    """
+    head = f"{name} #{seq}{what} on group {_show(list(ranks))} timed out"
+    head += f" after {timeout_s:g} s" if timeout_s else ""
+    head += f" on rank {rank}"
+    fields = dict(collective=name, seq=seq, group=ranks, rank=rank, timeout_s=timeout_s)
+    if seen is None:
+        text = f"{head}; could not learn which ranks arrived ({unknown})"
+        return CollectiveTimeoutError(text + after, waiting=None, missing=None, **fields)
     waiting = sorted(seen)
-    missing = [r for r in res.ranks if r not in seen]
+    missing = [r for r in ranks if r not in seen]
     if not missing:
         text = (
             f"{head}: every rank of the group was waiting in it (a lost connection, or ranks that disagree "
@@ -127,4 +147,4 @@ def _explain(name: str, rooted: bool, exc: Exception, res: Resolved, seq: int) -
     else:
         absent = "did not arrive or had already done their part" if rooted else "did not arrive"
         text = f"{head}: ranks {_show(missing)} {absent}; ranks {_show(waiting)} were waiting"
-    return CollectiveTimeoutError(text, waiting=waiting, missing=missing, **fields)
+    return CollectiveTimeoutError(text + after, waiting=waiting, missing=missing, **fields)

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .. import context, settings
+from .. import _torch, context, settings
 from ..collectives.broadcast import barrier, broadcast
 from ..collectives.gather import all_gather, gather
 from ..collectives.recorder import FAILED, RECORDER, as_dict
@@ -58,7 +58,7 @@ class CommsProfile:
             clocks = all_gather((context.hostname(), time.time()), self.group)  # read right after the barrier
             # Calls are matched across ranks by the group's call number, which is out of step where a
             # rank once called fewer collectives (an error it recovered from): count from here instead.
-            base = res.seq
+            base = _count(res)
         else:  # serial: collectives are not recorded, the profile stays empty
             clocks, base = [(context.hostname(), time.time())], 0
         owner = RECORDER.keep is None  # a profile inside another shares its feed (and adds its own calls to it)
@@ -212,6 +212,14 @@ def comms_profile(group: GroupLike = None, *, show: bool = True) -> CommsProfile
 
 
 # ---------------------------------------------------------------- what each rank sends
+
+
+def _count(res: Any) -> int:
+    """The number the group's next recorded call follows: a Python group numbers its records with its own
+    count of operations, whoever called them (polydist.backends.python_group); other groups with polydist's."""
+    group = res.pg if res.pg is not None else _torch.default_pg()
+    return getattr(group, "_seq", res.seq)
+
 
 
 def _offsets(hosts: list, clocks: list) -> list:

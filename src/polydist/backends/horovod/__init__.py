@@ -57,13 +57,13 @@ def _create(opts: Any, backend_options: Any = None) -> HorovodProcessGroup:
                 "torch.distributed.new_group creates the group on its members only; call polydist.new_group "
                 f"({ranks}) on every rank instead"
             )
-        return HorovodProcessGroup(opts.group_rank, opts.group_size, found)
+        return HorovodProcessGroup(opts.group_rank, opts.group_size, found)._configured(opts)
     if h.rank() != opts.group_rank or h.size() != opts.group_size:
         raise RuntimeError(
             f"{BACKEND_NAME}: torch.distributed expects rank {opts.group_rank} of {opts.group_size}, Horovod has "
             f"{h.rank()} of {h.size()}; launch with horovodrun and init_method='horovod://'"
         )
-    return HorovodProcessGroup(h.rank(), h.size())
+    return HorovodProcessGroup(h.rank(), h.size())._configured(opts)
 
 
 def no_subgroups(ranks: list) -> Optional[NotImplementedError]:

@@ -256,6 +256,6 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
     def _in_lane(self, op: str, tensors: list, body: Callable[..., Any], *args: Any) -> Any:
         """``body(*args)``'s result, run in order with this group's queued work."""
         done: list = []
-        self._lane.call(lambda: done.append(body(*args)), op, tensors)
+        self._call(op, lambda: done.append(body(*args)), tensors)
         return done[0]
 

@@ -12,15 +12,19 @@ MPI job.
 
 from __future__ import annotations
 
+import sys
 import zlib
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from ... import ops, settings
 from ...announced import check_group, check_mpi_can_join
 from ...environment import ProcessInfo, launcher, mpi_job
 from .. import registry
+from ..watchdog import WATCHDOG
 from . import _mpi, job
 from .process_group import MPIProcessGroup
 
@@ -53,7 +57,7 @@ def _create(opts: Any, backend_options: Any = None) -> MPIProcessGroup:
             f"MPI gives {comm.Get_rank()} of {comm.Get_size()}; the job's ranks must be MPI's COMM_WORLD ranks "
             "(launch with mpiexec and init_method='mpi://')"
         )
-    return MPIProcessGroup(comm, opts.group_rank, opts.group_size)  # backend name "mpi4py"
+    return MPIProcessGroup(comm, opts.group_rank, opts.group_size)._configured(opts)  # backend name "mpi4py"
 
 
 class _TorchMPI:
@@ -78,7 +82,21 @@ class _TorchMPI:
         if ranks and world.Get_rank() not in ranks:
             return None
         comm = _communicator(ranks)
-        return MPIProcessGroup(comm, comm.Get_rank(), comm.Get_size(), backend="mpi")
+        timeout = _torch_timeout(sys._getframe(1))
+        if not ranks:  # torch gives this path no store: the watchdog's ranks meet in one of their own
+            WATCHDOG.store = job.world_store(world, timeout or default_pg_timeout)
+        group = MPIProcessGroup(comm, comm.Get_rank(), comm.Get_size(), backend="mpi")
+        group._configure(ranks, timeout)
+        return group
+
+
+def _torch_timeout(frame: Any) -> Optional[timedelta]:
+    """The timeout torch's ``_new_process_group_helper`` (``frame``) was given: torch does not pass it to
+    ``ProcessGroupMPI.create``, which has no timeout of its own. None where this torch's helper differs."""
+    if frame.f_code.co_name != "_new_process_group_helper":
+        return None
+    timeout = frame.f_locals.get("timeout")
+    return timeout if isinstance(timeout, timedelta) else None
 
 
 _NATIVE_MPI = dist.is_available() and dist.is_mpi_available()

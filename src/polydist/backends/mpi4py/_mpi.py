@@ -25,7 +25,7 @@ MPI: Any = None  # the mpi4py.MPI module, once imported
 REDUCE_TYPES: dict = {}  # torch dtype -> MPI datatype for reductions
 _OPS: dict = {}  # canonical op name -> MPI.Op (numeric dtypes)
 _BOOL_OPS: dict = {}  # canonical op name -> MPI.Op (bool: logical ops)
-PLANS: dict = {}  # (dtype, op name) -> (MPI datatype, MPI.Op, divide for AVG), filled on first use
+PLANS: dict = {}  # (dtype, op name or RedOpType value) -> (MPI datatype, MPI.Op, divide for AVG, op name), learnt
 
 
 def available() -> bool:

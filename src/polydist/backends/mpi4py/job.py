@@ -22,7 +22,7 @@ from ...settings import FAILURE_DIR
 from ..store import check_requested, serve_store
 from . import _mpi
 
-__all__ = ["rendezvous", "install_abort_hook", "fail", "record_failure", "abort"]
+__all__ = ["rendezvous", "world_store", "install_abort_hook", "fail", "record_failure", "abort"]
 
 
 def rendezvous(url: str, timeout: timedelta = timedelta(minutes=10), **kwargs: Any) -> Iterator[tuple]:
@@ -34,6 +34,13 @@ def rendezvous(url: str, timeout: timedelta = timedelta(minutes=10), **kwargs: A
     comm = _mpi.mpi().COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     check_requested(url, rank, size, "mpi", "COMM_WORLD", "mpiexec")
+    yield (world_store(comm, timeout), rank, size)
+    raise RuntimeError("the mpi:// rendezvous cannot be repeated (e.g. to restart a job); start a new mpiexec")
+
+
+def world_store(comm: Any, timeout: timedelta) -> Any:
+    """Rank 0's TCP store, its port announced over ``comm`` (every rank of COMM_WORLD calls it)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
 
     def all_gather_rows(row: np.ndarray) -> np.ndarray:
         every = np.empty((size, row.size), dtype=np.uint8)
@@ -45,9 +52,7 @@ def rendezvous(url: str, timeout: timedelta = timedelta(minutes=10), **kwargs: A
         comm.Bcast(announced, root=0)  # a plain integer buffer, not a pickle
         return int(announced[0])
 
-    store = serve_store(rank, size, timeout, all_gather_rows, broadcast_port, "mpi")
-    yield (store, rank, size)
-    raise RuntimeError("the mpi:// rendezvous cannot be repeated (e.g. to restart a job); start a new mpiexec")
+    return serve_store(rank, size, timeout, all_gather_rows, broadcast_port, "mpi")
 
 
 def install_abort_hook() -> None:

@@ -87,6 +87,15 @@ class MPIProcessGroup(PythonProcessGroup):
     def __repr__(self) -> str:
         return f"<MPIProcessGroup {self._backend} rank={self.rank()} size={self.size()}>"
 
+    def _cannot_cancel(self) -> str:
+        return "A blocked MPI collective cannot be cancelled: MPI_Abort ends the job after this rank's dump"
+
+    def _end_job(self, error: BaseException, text: str) -> None:
+        """MPI_Abort (every launcher then ends every rank), after the failure is left for ``polydist run``."""
+        from .job import fail
+
+        fail(_mpi.mpi().COMM_WORLD.Get_rank(), error, text, 1)
+
     # ------------------------------------------------------------ reductions
 
     def allreduce_tensor(self, t: torch.Tensor, op: Any = "SUM") -> torch.Tensor:
@@ -99,17 +108,39 @@ class MPIProcessGroup(PythonProcessGroup):
         """
         plan = _mpi.PLANS.get((t.dtype, op)) if isinstance(op, str) else None
         if plan is not None and not self._lane.pending and t.is_cpu and t.is_contiguous() and not profiling():
-            self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.cached_buffer(t, plan[0]), plan[1])
-            if plan[2]:
-                t.div_(self.comm.Get_size())
+            self._lean_allreduce(t, plan)
             return t
         return super().allreduce_tensor(t, op)
 
+    def allreduce(self, tensors: list, opts: Any = None) -> LaneWork:
+        """torch's ``all_reduce``. The common blocking call — one contiguous CPU tensor of a (dtype, op) the
+        group has reduced before, nothing queued, no profiler — is the MPI call on the caller's thread and
+        the group's completed handle (:class:`~polydist.backends.work.DoneWork`), which
+        ``torch.distributed.all_reduce`` waits on and drops; anything else takes the lane."""
+        if len(tensors) == 1 and opts is not None and not opts.asyncOp:
+            t = tensors[0]
+            plan = _mpi.PLANS.get((t.dtype, opts.reduceOp.op.value))  # the enum's int: hashing the enum is slow
+            if plan is not None and not self._lane.pending and t.is_cpu and t.is_contiguous() and not profiling():
+                self._lean_allreduce(t, plan)
+                return self._done.completed(tensors)
+        return super().allreduce(tensors, opts)
+
+    def _lean_allreduce(self, t: torch.Tensor, plan: tuple) -> None:
+        """All-reduce contiguous CPU ``t`` in place by its learnt ``plan`` (recorded, watched), on this thread."""
+        record, owned = self._begin("all_reduce", (t,), None, plan[3], False)
+        self._lane.inline(lambda: self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.cached_buffer(t, plan[0]), plan[1]),
+                          record, owned)  # fmt: skip
+        if plan[2]:
+            t.div_(self.comm.Get_size())
+
     def _reduce_plan(self, t: torch.Tensor, op: Any) -> tuple:
-        """``(op name, MPI op, wide dtype or None)``; learns the lean path's plan for an op given by name."""
+        """``(op name, MPI op, wide dtype or None)``; learns the lean path's plan for an op given by name or
+        by torch's ``ReduceOp`` (keyed by its ``RedOpType``)."""
         setup = _mpi.reduce_setup(t, op)
-        if isinstance(op, str) and setup[2] is None and t.dtype in _mpi.REDUCE_TYPES:
-            _mpi.PLANS[(t.dtype, op)] = (_mpi.REDUCE_TYPES[t.dtype], setup[1], setup[0] == "AVG")
+        kind = getattr(op, "op", None)  # torch's ReduceOp: its RedOpType
+        if setup[2] is None and t.dtype in _mpi.REDUCE_TYPES and (isinstance(op, str) or kind is not None):
+            key = op if isinstance(op, str) else kind.value
+            _mpi.PLANS[(t.dtype, key)] = (_mpi.REDUCE_TYPES[t.dtype], setup[1], setup[0] == "AVG", setup[0])
         return setup
 
     def _reduce_now(self, c: torch.Tensor, plan: tuple) -> None:
@@ -136,7 +167,7 @@ class MPIProcessGroup(PythonProcessGroup):
                 for t, piece in zip(members, flat.split([t.numel() for t in members])):
                     t.copy_(piece.view_as(t))
 
-        return self._run("allreduce_coalesced", body, tensors, opts, tensors)
+        return self._run("allreduce_coalesced", body, tensors, opts, tensors, red=op)
 
     def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
@@ -156,7 +187,7 @@ class MPIProcessGroup(PythonProcessGroup):
                     else:
                         self.comm.Reduce(_mpi.typed(w), None, mpi_op, root)
 
-        return self._run("reduce", body, tensors, opts, tensors)
+        return self._run("reduce", body, tensors, opts, tensors, root=root, red=opt(opts, "reduceOp", dist.ReduceOp.SUM))
 
     def _reduce_scatter_now(self, output: torch.Tensor, input: torch.Tensor, plan: tuple) -> None:
         name, mpi_op, wide = plan
@@ -225,7 +256,7 @@ class MPIProcessGroup(PythonProcessGroup):
                 self.comm.Allgatherv(_mpi.raw(body), [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE])
             done.append((p, out))
 
-        self._lane.call(run, "all_gather", [body])
+        self._call("all_gather", run, [body])
         return done[0]
 
     def gather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any], root: int) -> Any:
@@ -242,7 +273,7 @@ class MPIProcessGroup(PythonProcessGroup):
             self.comm.Gatherv(_mpi.raw(body), [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE], root)
             done[0] = (p, out)
 
-        self._lane.call(run, "gather", [body])
+        self._call("gather", run, [body])
         return done[0]
 
     def scatter_pieces(
@@ -264,7 +295,7 @@ class MPIProcessGroup(PythonProcessGroup):
                 self.comm.Scatterv(send, _mpi.raw(out), root)
             done.append((bytes(mine), out))
 
-        self._lane.call(run, "scatter", [])
+        self._call("scatter", run, [])
         return done[0]
 
     def all_to_all_pieces(
@@ -286,7 +317,7 @@ class MPIProcessGroup(PythonProcessGroup):
             )
             done.append((p, out))
 
-        self._lane.call(run, "all_to_all", [bodies])
+        self._call("all_to_all", run, [bodies])
         return done[0]
 
     # ------------------------------------------------------------ point-to-point
@@ -295,7 +326,8 @@ class MPIProcessGroup(PythonProcessGroup):
         t = tensors[0]
         self._cpu(t)
         c = t if t.is_contiguous() else t.contiguous()
-        work = request_work(tensors, self.comm.Isend(_mpi.raw(c), dst, tag), self._backend, "send", tensors)
+        trace = self._p2p_record("send", t, dst)
+        work = request_work(tensors, self.comm.Isend(_mpi.raw(c), dst, tag), self._backend, "send", tensors, trace)
         work._keep = c  # the buffer must outlive the send
         return work
 
@@ -307,10 +339,11 @@ class MPIProcessGroup(PythonProcessGroup):
 
     def recv(self, tensors: list, src: int, tag: int) -> LaneWork:
         request = self.comm.Irecv(_mpi.raw(self._recv_buffer(tensors[0])), src, tag)
-        return request_work(tensors, request, self._backend, "recv", tensors)
+        return request_work(tensors, request, self._backend, "recv", tensors, self._p2p_record("recv", tensors[0], src))
 
     def recv_anysource(self, tensors: list, tag: int) -> LaneWork:
         status = _mpi.MPI.Status()  # filled when the request completes; names the sender
         request = StatusRequest(self.comm.Irecv(_mpi.raw(self._recv_buffer(tensors[0])), _mpi.MPI.ANY_SOURCE, tag), status)
-        return request_work(tensors, request, self._backend, "recvAnySource", tensors, source=status.Get_source)
+        trace = self._p2p_record("recv", tensors[0], -1)
+        return request_work(tensors, request, self._backend, "recvAnySource", tensors, trace, source=status.Get_source)
 

@@ -65,7 +65,7 @@ def _create(opts: Any, backend_options: Any = None) -> XlaProcessGroup:
             f"{BACKEND_NAME}: torch.distributed expects rank {opts.group_rank} of {opts.group_size}, the XLA runtime "
             f"has {xr.global_ordinal()} of {xr.world_size()}; use init_method={URL!r}"
         )
-    return XlaProcessGroup(opts.group_rank, opts.group_size)
+    return XlaProcessGroup(opts.group_rank, opts.group_size)._configured(opts)
 
 
 def no_subgroups(ranks: list) -> NotImplementedError:

@@ -90,9 +90,15 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
     def __repr__(self) -> str:
         return f"<XlaProcessGroup rank={self.rank()} size={self.size()}>"
 
-    def _run(self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor]) -> LaneWork:
-        """Run ``body`` now, on the caller's thread (XLA traces into the caller's graph): a completed handle."""
-        body()
+    def _run(
+        self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor],
+        root: Any = None, red: Any = None,
+    ) -> LaneWork:  # fmt: skip
+        """Run ``body`` now, on the caller's thread (XLA traces into the caller's graph): a completed handle.
+
+        Recorded and watched as every Python group's operation is (``root``, ``red``: see the base class)."""
+        record, owned = self._begin(op, inputs, root, red, False)
+        self._lane.inline(body, record, owned)
         return LaneWork(result, backend=BACKEND_NAME)
 
     # ------------------------------------------------------------ the two primitives everything else uses

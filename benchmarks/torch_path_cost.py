@@ -1,0 +1,229 @@
+"""What a torch.distributed call costs on polydist's ``mpi`` group, with recording and the watchdog on and off.
+
+    .venv/bin/python benchmarks/torch_path_cost.py --json benchmarks/results/torch_path_cost.json \\
+        --md benchmarks/results/torch_path_cost.md
+
+One 2-rank ``mpiexec`` job (the parent starts it; ``--child`` is a rank). Rows, each timed in ``--blocks``
+blocks of back-to-back calls between two ``time.perf_counter_ns()`` reads, the blocks of all rows
+interleaved (block b starts with row b mod k) and each preceded by a raw ``mpi4py`` barrier; a block's time
+is the maximum over the ranks; a row reports the median over its blocks, per call:
+
+* 8 B (a 2-element float32 tensor): raw ``mpi4py`` ``COMM_WORLD.Allreduce`` on NumPy arrays (the floor),
+  ``polydist.all_reduce``, ``torch.distributed.all_reduce`` on the ``mpi`` group with the flight recorder
+  and the watchdog on (the default) and off (``POLYDIST_TRACE=0``'s switch and the watchdog's);
+* 16 MiB (float32): raw ``mpi4py`` and ``torch.distributed.all_reduce`` on and off;
+* then, in the parent alone (no MPI, no communication), the Python group's per-call pieces: the work
+  handle (``LaneWork``), a ``torch.futures.Future``, the profiler check, the record (``_begin``), the
+  lane's inline hand-off, a whole ``allreduce(...).wait()`` of a group whose transport does nothing, and
+  ``torch.distributed.all_reduce`` on torch's ``fake`` backend (torch's own dispatch to a C++ backend,
+  the floor of any torch-level call), and the ``mpi`` group over ``COMM_SELF`` (one process: MPI without
+  a peer, so no other rank's scheduling) next to raw ``COMM_SELF.Allreduce``: the group's own cost per
+  call, steadier on a loaded machine than the 2-rank rows.
+
+The ratio column divides by the raw mpi4py row of the same size. The machine's load average is recorded:
+figures from a loaded machine are higher and noisier than from a quiet one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+SMALL, LARGE = 8, 16 << 20
+
+
+def _time_rows(fns: dict, iters: dict, blocks: int, warmup: int, barrier: Callable[[], None]) -> dict:
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    names, clock, out = list(fns), time.perf_counter_ns, {name: [] for name in fns}
+    for b in range(blocks):
+        for k in range(len(names)):
+            name = names[(b + k) % len(names)]
+            fn, n = fns[name], iters[name]
+            barrier()
+            start = clock()
+            for _ in range(n):
+                fn()
+            out[name].append((clock() - start) / n / 1000)  # µs per call
+    return out
+
+
+def child(args: argparse.Namespace) -> None:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    import polydist as pd
+    from polydist.backends.watchdog import WATCHDOG
+    from polydist.collectives.recorder import RECORDER
+
+    pd.initialize("mpi")
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    small, large = torch.ones(2), torch.ones(LARGE // 4)
+    a, b = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
+    la, lb = np.ones(LARGE // 4, dtype=np.float32), np.empty(LARGE // 4, dtype=np.float32)
+
+    def switch(on: bool) -> None:
+        RECORDER.on = WATCHDOG.enabled = on
+
+    fns = {
+        "mpi4py/8": lambda: comm.Allreduce(a, b),
+        "polydist/8": lambda: pd.all_reduce(small),
+        "dist/on/8": lambda: dist.all_reduce(small),
+        "dist/off/8": lambda: dist.all_reduce(small),
+        "mpi4py/16M": lambda: comm.Allreduce(la, lb),
+        "dist/on/16M": lambda: dist.all_reduce(large),
+        "dist/off/16M": lambda: dist.all_reduce(large),
+    }
+    iters = {k: (args.iters if k.endswith("/8") else args.iters_large) for k in fns}
+    results: dict = {name: [] for name in fns}
+    names = list(fns)
+    for name in names:
+        for _ in range(args.warmup):
+            fns[name]()
+    clock = time.perf_counter_ns
+    for blk in range(args.blocks):
+        for k in range(len(names)):
+            name = names[(blk + k) % len(names)]
+            fn, n = fns[name], iters[name]
+            switch("/off/" not in name)  # "off" rows: for their own blocks, on every rank alike
+            comm.Barrier()
+            start = clock()
+            for _ in range(n):
+                fn()
+            took = (clock() - start) / n / 1000
+            switch(True)
+            results[name].append(max(comm.allgather(took)))
+    rows = {name: statistics.median(v) for name, v in results.items()}
+
+    if rank == 0:
+        print(json.dumps({"rows": rows, "blocks": results}), flush=True)
+    pd.finalize()
+
+
+def pieces(args: argparse.Namespace) -> dict:
+    """The Python group's per-call pieces, in this process (no MPI, no communication): µs each."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from polydist.backends.python_group import PythonProcessGroup
+    from polydist.backends.work import LaneWork, profiling
+
+    class Empty(PythonProcessGroup):
+        """A group whose transport does nothing: what is left is the group's own work per call."""
+
+        def _reduce_plan(self, t: torch.Tensor, op: Any) -> Any:
+            return op
+
+        def _reduce_now(self, c: torch.Tensor, plan: Any) -> None:
+            pass
+
+    group, t = Empty(0, 2, "empty"), torch.ones(2)
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    nothing = lambda: None  # noqa: E731
+    record, _ = group._begin("all_reduce", [t], None, None, False)
+    import numpy as np
+
+    from polydist.backends.mpi4py import _mpi
+    from polydist.backends.mpi4py.process_group import MPIProcessGroup
+
+    MPI = _mpi.mpi()  # starts MPI and fills its tables of datatypes
+
+    alone = MPIProcessGroup(MPI.COMM_SELF, 0, 1, "mpi")  # the mpi group over one process: MPI without a peer
+    alone.allreduce([t], dist.AllreduceOptions()).wait()  # the group learns the plan of (float32, SUM)
+    a, b = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)  # torch's C++ dispatch, no transport
+    fns = {
+        "work handle: LaneWork(result)": lambda: LaneWork(None, backend="mpi"),
+        "future: torch.futures.Future()": torch.futures.Future,
+        "profiler check: profiling()": profiling,
+        "record: _begin (number, caller's frame, list)": lambda: group._begin("all_reduce", [t], None, None, False),
+        "lane hand-off, inline: lane.inline(nothing, record)": lambda: group._lane.inline(nothing, record, False),
+        "lane.run(nothing) inline, with its work handle": lambda: group._lane.run(nothing, None, True, "x", ()),
+        "AllreduceOptions() (torch's wrapper makes one)": dist.AllreduceOptions,
+        "group.allreduce([t], opts).wait(), empty transport": lambda: group.allreduce([t], opts).wait(),
+        "torch.distributed.all_reduce on torch's fake backend (C++ dispatch floor)": lambda: dist.all_reduce(t),
+        "raw mpi4py COMM_SELF.Allreduce(a, b), 8 B": lambda: MPI.COMM_SELF.Allreduce(a, b),
+        "mpi group over COMM_SELF: allreduce([t], opts).wait(), 8 B": lambda: alone.allreduce([t], opts).wait(),
+    }
+    got = _time_rows(fns, {k: args.iters for k in fns}, args.blocks, args.warmup, lambda: None)
+    dist.destroy_process_group()
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--blocks", type=int, default=21)
+    parser.add_argument("--iters", type=int, default=2000, help="calls per block, 8 B rows and pieces")
+    parser.add_argument("--iters-large", type=int, default=5, help="calls per block, 16 MiB rows")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--json")
+    parser.add_argument("--md")
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    command = [mpiexec, "-n", "2", sys.executable, __file__, "--child", "--blocks", str(args.blocks), "--iters",
+               str(args.iters), "--iters-large", str(args.iters_large), "--warmup", str(args.warmup)]  # fmt: skip
+    load = os.getloadavg()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        sys.exit(f"the job failed:\n{done.stdout}\n{done.stderr}")
+    data = json.loads(done.stdout.strip().splitlines()[-1])
+    data["pieces"] = pieces(args)
+    data.update(
+        command=" ".join(["python", "benchmarks/torch_path_cost.py", *sys.argv[1:]]),
+        when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
+        cpus=os.cpu_count(), load_before=load, load_after=os.getloadavg(),
+    )  # fmt: skip
+    rows = data["rows"]
+    lines = [
+        f"# torch.distributed on polydist's mpi group: cost per call ({data['when']}, {data['cpus']} CPUs, "
+        f"load average {data['load_before'][0]:.1f} before, {data['load_after'][0]:.1f} after)",
+        "",
+        f"Command: `{data['command']}`; 2 ranks under mpiexec; median over {args.blocks} interleaved blocks "
+        "(a block: the slower rank's time).",
+        "",
+        "| call | size | µs per call | x raw mpi4py |",
+        "|---|---|---|---|",
+    ]
+    labels = {
+        "mpi4py": "raw mpi4py COMM_WORLD.Allreduce (floor)", "polydist": "polydist.all_reduce",
+        "dist/on": "torch.distributed.all_reduce, recording + watchdog on",
+        "dist/off": "torch.distributed.all_reduce, recording + watchdog off",
+    }  # fmt: skip
+    for key, value in rows.items():
+        kind, size = key.rsplit("/", 1)
+        floor = rows[f"mpi4py/{size}"]
+        lines.append(f"| {labels[kind]} | {'8 B' if size == '8' else '16 MiB'} | {value:.2f} | {value / floor:.2f} |")
+    lines += ["", "Per-call pieces of the Python group (one process, no MPI, no communication; run after the job):", "",
+              "| piece | µs |", "|---|---|"]  # fmt: skip
+    lines += [f"| {k} | {v:.3f} |" for k, v in data["pieces"].items()]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
