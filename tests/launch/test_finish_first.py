@@ -61,3 +61,20 @@ def test_horovod_ranks_outside_a_subgroup_finish_first_10_times(importable, monk
     for run in range(10):
         got = pd.spawn("horovod", _subgroup_reduces, args=(20,), nproc_per_node=4)
         assert got == [40.0, 40.0, 0.0, 0.0], f"run {run + 1} of 10: {got}"
+
+
+def test_the_launchers_turn_torchs_flight_recorder_on_unless_the_user_set_it(monkeypatch):
+    from polydist.launch import worker_side
+
+    for variable in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # leave this process's threads alone
+    worker_side.worker_setup()
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == str(worker_side.FR_ENTRIES)
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
+    worker_side.worker_setup()
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "0"
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE")
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
+    worker_side.worker_setup()
+    assert "TORCH_FR_BUFFER_SIZE" not in os.environ

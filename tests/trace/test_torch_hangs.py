@@ -205,3 +205,24 @@ def test_a_dump_carries_this_processs_own_torch_records(tmp_path):
     [dumped] = load(str(tmp_path)).ranks.values()
     assert dumped.torch_on and dumped.torch_calls[-1].collective == "gloo:all_reduce"
     assert dumped.torch_calls[-1].group == (0,) and dumped.torch_calls[-1].file == __file__, path
+
+
+def test_nccl_records_with_their_own_states_and_completion_times_are_read(tmp_path):
+    """NCCL's recorder (CUDA builds) says started/completed and when each kernel completed."""
+    def nccl(i, seq, state, at, done=None):
+        e = _entry(i, seq, "nccl:all_reduce", retired=state == "completed", at=at)
+        e.update(state=state, recorder="_dump_nccl_trace",
+                 time_discovered_completed_ns=int((T + done) * 1e9) if done is not None else None)
+        return e
+
+    error = "RuntimeError: Watchdog caught collective operation timeout"
+    dumps = [_with_torch(dump(0, 2, [], 20, reason="signal", error=error), [nccl(0, 1, "completed", 0, 0.25),
+                                                                          nccl(1, 2, "started", 1)],
+                         groups={"0": [0, 1]}),
+             _with_torch(dump(1, 2, [], 20, reason="terminate", stacks=[IN_WAIT]), [nccl(0, 1, "completed", 0, 0.5)],
+                         groups={"0": [0, 1]})]  # fmt: skip
+    found = diagnose(load(write(tmp_path, *dumps)))
+    [stuck] = found.stuck
+    assert stuck.seq == 2 and [(w.rank, w.call.state) for w in stuck.waiting] == [(0, "started")]
+    assert found.dumps[1].torch_calls[0].end == T + 0.5
+    assert "nccl:all_reduce #2 on [0,1]: rank 0 waiting since 19.0 s" in found.text()
