@@ -191,7 +191,7 @@ def _leave_at_exit() -> None:
     """
     global _world
     if _world is not None and _world.owns_group:
-        _finalize(wait=False)
+        leave(wait=False)
     _world = None
 
 
@@ -214,10 +214,12 @@ def finalize() -> None:
     subgroups are forgotten. Environment variables are never touched. Calling
     it when serial or twice is harmless.
     """
-    _finalize(wait=True)
+    leave(wait=True)
 
 
-def _finalize(wait: bool) -> None:
+def leave(wait: bool) -> None:
+    """:func:`finalize`, waiting for the other ranks only when ``wait`` (False on error paths: peers stuck in a
+    collective with this rank must see it go, not wait for it in turn)."""
     global _world
     if _world is not None:
         for hook in on_finalize:
