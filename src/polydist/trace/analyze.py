@@ -18,6 +18,11 @@ directory (format: :mod:`polydist.trace`), naming each file it cannot use.
   value or tensors; dtypes and shapes too where every rank passes the same),
   among the sequence numbers every member's ring buffer still holds.
 
+The same analysis runs on torch's own flight-recorder entries in the dumps
+(gloo's and nccl's operations, whoever called them: DDP, FSDP2, ...), each
+group numbered by torch's sequence numbers; a stuck polydist call that torch
+also recorded is reported once, from polydist's record.
+
 Times are wall-clock seconds (``time.time()``): "waiting since" is the dump's
 time minus the call's start, both on that rank's clock; a failed call waited
 from its start to its end. :meth:`Diagnosis.text` says it all in plain lines
