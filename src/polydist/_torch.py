@@ -33,6 +33,10 @@ __all__ = [
     "launch_config",
     "restart_hook",
     "fresh_worker_store",
+    "FR_BUFFER_SIZE",
+    "fr_available",
+    "fr_dumps",
+    "group_ranks_by_name",
 ]
 
 _c10d = dist.distributed_c10d
@@ -245,3 +249,55 @@ def register_loopback_rendezvous() -> str:
 
     rendezvous_handler_registry.register(LOOPBACK_RENDEZVOUS, _loopback_rendezvous)  # the same creator again: a no-op
     return LOOPBACK_RENDEZVOUS
+
+
+# ---------------------------------------------------------------- torch's own flight recorder
+
+# torch's flight recorder keeps the last TORCH_FR_BUFFER_SIZE operations of its C++ backends (0: off). gloo's
+# recorder (c10::Event) is dumped by _dump_fr_trace (torch >= 2.7); NCCL's (CUDA builds only) by _dump_nccl_trace,
+# whose older spelling of the size is TORCH_NCCL_TRACE_BUFFER_SIZE. Older torch, or a CPU build's NCCL: absent.
+FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"
+_FR_DUMPERS = ("_dump_fr_trace", "_dump_nccl_trace")
+
+
+def fr_available() -> bool:
+    """Whether this torch has a flight recorder that polydist can read (gloo's or NCCL's)."""
+    return any(hasattr(torch._C._distributed_c10d, name) for name in _FR_DUMPERS)
+
+
+def fr_dumps() -> list:
+    """torch's flight-recorder dumps of this process, one dict per recorder that has entries.
+
+    Each is torch's own dump (``version``, ``pg_status``, ``entries``: see
+    ``torch/distributed/flight_recorder``) unpickled from this process's own
+    bytes, with ``"recorder"`` (the function's name) added. Empty where torch
+    has no recorder or it is off. Never raises: a dump is written on error paths.
+    """
+    import pickle
+
+    out = []
+    for name in _FR_DUMPERS:
+        dump = getattr(torch._C._distributed_c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            data = pickle.loads(dump())  # this process's own recorder: trusted bytes, unlike a file's
+        except Exception:  # noqa: BLE001 - a recorder that cannot be read is left out of the dump
+            continue
+        if isinstance(data, dict) and data.get("entries"):
+            out.append({**data, "recorder": name})
+    return out
+
+
+def group_ranks_by_name() -> dict:
+    """``{process group name: its global ranks in group-rank order}`` of every live group, as torch's
+    flight recorder names groups in its entries (``process_group[0]``: the world is ``"0"``)."""
+    world, out = _c10d._world, {}
+    try:
+        for pg, name in list(world.pg_names.items()):
+            ranks = world.pg_group_ranks.get(pg)
+            if ranks is not None:
+                out[str(name)] = [g for g, _ in sorted(ranks.items(), key=lambda kv: kv[1])]
+    except Exception:  # noqa: BLE001 - torch's bookkeeping moved: the dump goes without the map
+        pass
+    return out

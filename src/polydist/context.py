@@ -15,13 +15,16 @@ exit workaround: ``polydist._at_exit``.
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from . import _at_exit, _torch, join
+from . import _at_exit, _torch, join, settings
 from ._state import Layout, World
 from .announced import check_group
 from .environment import ProcessInfo, detect
@@ -181,20 +184,42 @@ def _world_made() -> None:
 
 
 def _leave_at_exit() -> None:
-    """At exit: :func:`finalize` a group polydist created and not finalized; forget any other (``polydist._at_exit``)."""
+    """At exit: :func:`finalize` a group polydist created and not finalized; forget any other (``polydist._at_exit``).
+
+    Without waiting for the other ranks: the process may be ending for an
+    error, and its peers, waiting in a collective with it, must see it go.
+    """
     global _world
     if _world is not None and _world.owns_group:
-        finalize()
+        leave(wait=False)
     _world = None
 
 
 def finalize() -> None:
-    """Leave the job: destroy the process group polydist created.
+    """Leave the job: wait until every rank has called it, then destroy the process group polydist created.
 
-    A group the user created and polydist adopted is left as it is. Cached
+    A rank that finishes first must not tear the world down under ranks still
+    communicating: Horovod's shutdown ends every rank's Horovod (a subgroup's
+    all_reduce on the others then fails with "Horovod has been shut down"), and
+    the rank that serves the job's TCP store takes the store with it. So, in a
+    world of several ranks that polydist created, each rank waits here, on the
+    store (not on the transport, which may be busy), for every rank to arrive,
+    at most the world's collective timeout; past it, a warning on stderr and the
+    group is destroyed anyway. Every rank must therefore call it (as
+    ``spawn`` and ``Parallel`` do when the function returns); the exit of a
+    process that did not (an error) does not wait.
+
+    A group the user created and polydist adopted is left as it is, without
+    waiting (torch's ``destroy_process_group`` does not wait either). Cached
     subgroups are forgotten. Environment variables are never touched. Calling
     it when serial or twice is harmless.
     """
+    leave(wait=True)
+
+
+def leave(wait: bool) -> None:
+    """:func:`finalize`, waiting for the other ranks only when ``wait`` (False on error paths: peers stuck in a
+    collective with this rank must see it go, not wait for it in turn)."""
     global _world
     if _world is not None:
         for hook in on_finalize:
@@ -205,8 +230,46 @@ def finalize() -> None:
         state = None  # a group polydist would not adopt: not its to destroy
     _world = None  # its groups, sequence numbers and buffers go with it
     if state is not None and state.owns_group:
+        if wait and state.size > 1:
+            _wait_for_every_rank(state)
         dist.destroy_process_group()
         horovod_job.stop()  # Horovod too, if initialize("horovod") started it
+
+
+_leaves = 0  # finalize barriers so far in this process: the same count on every rank of a job
+_LAST_OUT_S = 10.0  # how long a rank waits for the others to read the store before it may take it down
+
+
+def _wait_for_every_rank(state: World) -> None:
+    """Return when every rank of ``state``'s world has reached :func:`finalize` (a barrier on the job's store).
+
+    Each rank adds itself to a counter; the last to arrive sets a key the
+    others wait for. Then each says it has left, and every rank waits (briefly)
+    for all to have left, so that the rank serving the store does not close it
+    while a peer still waits for its answer.
+    """
+    global _leaves
+    _leaves += 1
+    run = ".".join(os.environ.get(k, "") for k in ("TORCHELASTIC_RESTART_COUNT", settings.RESTART_COUNT.name))
+    key = f"polydist/finalize/{run}/{_leaves}"
+    limit = state.timeout.total_seconds() if state.timeout else _torch.group_timeout(state.pg) or 1800.0
+    try:
+        store = _torch.default_store()
+        if store.add(key, 1) == state.size:
+            store.set(f"{key}/all", b"1")
+        store.wait([f"{key}/all"], timedelta(seconds=limit))
+    except Exception as exc:  # noqa: BLE001 - a rank gone, a store gone: leave anyway, as before
+        print(f"polydist: finalize: rank {state.rank} did not see every rank of the world of {state.size} reach "
+              f"finalize within {limit:g} s ({type(exc).__name__}: {str(exc)[:200]}); destroying the group anyway",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return
+    try:
+        if store.add(f"{key}/out", 1) < state.size:
+            store.wait([f"{key}/out/all"], timedelta(seconds=_LAST_OUT_S))
+        else:
+            store.set(f"{key}/out/all", b"1")
+    except Exception:  # noqa: BLE001 - every rank arrived; the store's host may already be gone
+        pass
 
 
 # ---------------------------------------------------------------- state

@@ -308,4 +308,4 @@ class Parallel:
         if self.nproc_per_node is None:
             if self.backend is not None:
                 _parallel_logger().info(f"Finalized processing group with backend: '{self.backend}'")
-            context.finalize()
+            context.leave(wait=exc[0] is None)  # after an error, as at exit: no waiting for the others

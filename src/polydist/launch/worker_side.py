@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Optional, TextIO
 import torch
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
+from .. import _torch
 from ..environment import detect
 from ..settings import FAILURE_DIR
 from ..trace.dump import failed
@@ -31,17 +32,28 @@ __all__ = [
     "record_pid", "mark_done", "pids", "rank_files", "prefix_output",
 ]  # fmt: skip
 
+FR_ENTRIES = 2000  # torch's flight-recorder entries per process by default under polydist's launchers
+
 # How a rank's error reads when a peer failed first (the launcher blames the peer, not this rank).
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker")
 _PEER_GONE_GRACE_S = 3  # how long a rank that lost a peer waits for the launcher to notice that peer
 
 
 def worker_setup() -> None:
-    """Per-worker defaults: one share of the CPU cores for intra-op threads.
+    """Per-worker defaults: one share of the CPU cores for intra-op threads; torch's flight recorder on.
 
     Like torchrun, avoid oversubscription when several workers share a node;
-    an explicit ``OMP_NUM_THREADS`` wins.
+    an explicit ``OMP_NUM_THREADS`` wins. torch's flight recorder keeps the
+    last ``TORCH_FR_BUFFER_SIZE`` operations of gloo and nccl, whoever calls
+    them (DDP, FSDP2), for polydist's dumps (:mod:`polydist.trace.dump`):
+    set to :data:`FR_ENTRIES` unless the user set it (or its older name
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE``) — torch 2.13's own default, so a change
+    only on versions whose default is off; its cost is within the noise
+    (benchmarks/torch_fr_cost.py). Set before the process group exists,
+    when torch reads it.
     """
+    if _torch.FR_BUFFER_SIZE not in os.environ and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ:
+        os.environ[_torch.FR_BUFFER_SIZE] = str(FR_ENTRIES)
     if "OMP_NUM_THREADS" not in os.environ:
         local = detect().local_world_size or 1  # any launcher's count: mpiexec exports no LOCAL_WORLD_SIZE
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))

@@ -44,7 +44,8 @@ renamed). The object::
       "enabled": true,                    # false: POLYDIST_TRACE=0, entries is empty
       "dropped": 0,                       # older entries the ring buffer no longer holds
       "entries": [ENTRY, ...],            # oldest first
-      "stacks": [STACK, ...]              # every thread of the process
+      "stacks": [STACK, ...],             # every thread of the process
+      "torch": TORCH                      # torch's own flight recorder; null where this torch has none
     }
 
 ENTRY (one call)::
@@ -75,6 +76,29 @@ STACK (one thread; frames outermost first)::
 FRAME::
 
     {"file": "train.py", "line": 95, "function": "main", "code": "loss = step(batch)"}
+
+TORCH: what torch's flight recorder (``TORCH_FR_BUFFER_SIZE``) holds of the
+operations of its C++ backends, gloo and nccl, whoever called them (DDP's
+all-reduces, FSDP2's all-gathers, polydist's own calls on those backends too)::
+
+    {
+      "buffer": 2000,                     # TORCH_FR_BUFFER_SIZE in this process; 0: the recorder is off
+      "groups": {"0": [0, 1, 2, 3], "1": [0, 1]},   # each live group's global ranks, by torch's group name
+      "entries": [TORCH_ENTRY, ...]       # oldest first
+    }
+
+TORCH_ENTRY: torch's own fields (``torch/distributed/flight_recorder``), of
+which the dump keeps ``record_id``, ``pg_id``, ``process_group`` (``[name,
+desc]``), ``collective_seq_id``, ``p2p_seq_id``, ``is_p2p``,
+``profiling_name`` (``"gloo:all_reduce"``), ``input_sizes``,
+``input_dtypes``, ``output_sizes``, ``output_dtypes``, ``state``,
+``retired`` (the operation returned, completed or failed), ``timeout_ms``,
+``time_created_ns``, ``time_discovered_started_ns``,
+``time_discovered_completed_ns``, ``frames`` (the innermost 24, innermost
+first: ``{"name", "filename", "line"}``), and ``recorder``
+(``"_dump_fr_trace"``: gloo's; ``"_dump_nccl_trace"``: NCCL's). gloo on CPU
+leaves ``state`` at ``"scheduled"`` and the discovered times null; ``retired``
+says whether it returned.
 
 A dump without an error of its own (a launcher's SIGTERM after a timeout)
 repeats the last error this process dumped, so the cause is not lost. The

@@ -18,6 +18,11 @@ directory (format: :mod:`polydist.trace`), naming each file it cannot use.
   value or tensors; dtypes and shapes too where every rank passes the same),
   among the sequence numbers every member's ring buffer still holds.
 
+The same analysis runs on torch's own flight-recorder entries in the dumps
+(gloo's and nccl's operations, whoever called them: DDP, FSDP2, ...), each
+group numbered by torch's sequence numbers; a stuck polydist call that torch
+also recorded is reported once, from polydist's record.
+
 Times are wall-clock seconds (``time.time()``): "waiting since" is the dump's
 time minus the call's start, both on that rank's clock; a failed call waited
 from its start to its end. :meth:`Diagnosis.text` says it all in plain lines
@@ -123,13 +128,14 @@ class Diagnosis:
         return _as_dict(self)
 
 
-def _where(rank: int, relation: str, dumps: Dumps) -> Where:
+def _where(rank: int, relation: str, dumps: Dumps, source: str = "polydist") -> Where:
     dump = dumps.ranks.get(rank)
     if dump is None:
         unreadable = any(p.rank == rank for p in dumps.problems)
         return Where(rank, "unknown", "unreadable" if unreadable else "no dump")
-    relation = relation if dump.enabled else "unknown"
-    last = dump.calls[-1] if dump.calls else None
+    relation = relation if dump.recorded(source) else "unknown"
+    calls = dump.calls_of(source)
+    last = calls[-1] if calls else None
     if last is not None and last.state != "completed":
         return Where(rank, relation, "in call" if last.state == "started" else "failed", call=last)
     seconds = dump.time - last.end if last is not None and last.end is not None else None
@@ -145,8 +151,33 @@ def _waited(call: Call, dump: Dump) -> float:
     return max(0.0, end - call.start)
 
 
-def _group_stuck(group: tuple, lasts: dict, dumps: Dumps) -> Optional[Stuck]:
+def _torch_lasts(group: tuple, lasts: dict, dumps: Dumps) -> dict:
+    """``lasts`` with torch's view fixed: a call that some member never reached cannot have completed.
+
+    torch marks an operation retired also when it failed (gloo's timeout), and
+    gloo records no state beyond that; so where a member (with torch's
+    recorder on) got no further than a lower sequence number, the members'
+    calls at the highest one are taken as failed with their dump's error, or
+    as still waiting when the dump has none.
+    """
+    reached = {r: (lasts[r].seq if r in lasts else 0) for r in group
+               if r in dumps.ranks and dumps.ranks[r].recorded("torch")}  # fmt: skip
+    if not reached or len(set(reached.values())) < 2:
+        return lasts
+    top, fixed = max(reached.values()), dict(lasts)
+    for rank, call in lasts.items():
+        if call.seq == top and call.state == "completed":
+            dump = dumps.ranks[rank]
+            end = min(dump.time, call.start + call.timeout) if call.timeout is not None else dump.time
+            fixed[rank] = (dataclasses.replace(call, state="failed", error=dump.error, end=end) if dump.error
+                           else dataclasses.replace(call, state="started"))  # fmt: skip
+    return fixed
+
+
+def _group_stuck(group: tuple, lasts: dict, dumps: Dumps, source: str = "polydist") -> Optional[Stuck]:
     """The stuck call of ``group``, from each member's last call on it (``lasts``: rank -> Call)."""
+    if source == "torch":
+        lasts = _torch_lasts(group, lasts, dumps)
     open_seqs = [c.seq for c in lasts.values() if c.state != "completed"]
     if not open_seqs:
         return None
@@ -157,8 +188,8 @@ def _group_stuck(group: tuple, lasts: dict, dumps: Dumps) -> Optional[Stuck]:
         if last is not None and last.seq == seq and last.state != "completed":
             stuck.waiting.append(Waiter(rank, last, _waited(last, dump)))
         else:
-            called = dump is not None and any(c.group == group and c.seq == seq for c in dump.calls)
-            stuck.others.append(_where(rank, "completed" if called else "never called", dumps))
+            called = dump is not None and any(c.group == group and c.seq == seq for c in dump.calls_of(source))
+            stuck.others.append(_where(rank, "completed" if called else "never called", dumps, source))
     return stuck
 
 
@@ -167,7 +198,7 @@ def _fingerprint(call: Call) -> tuple:
     return call.collective, call.op, call.root, call.value, tensors
 
 
-def _disagreement(group: tuple, dumps: Dumps) -> Optional[Disagreement]:
+def _disagreement(group: tuple, dumps: Dumps, source: str = "polydist") -> Optional[Disagreement]:
     """The lowest sequence number held by every member whose calls differ.
 
     Members with no dump, the recorder off or no call on the group are left out of the comparison.
@@ -175,8 +206,8 @@ def _disagreement(group: tuple, dumps: Dumps) -> Optional[Disagreement]:
     by_rank = {}
     for rank in group:
         dump = dumps.ranks.get(rank)
-        if dump is not None and dump.enabled:
-            calls = {c.seq: c for c in dump.calls if c.group == group and c.seq is not None}
+        if dump is not None and dump.recorded(source):
+            calls = {c.seq: c for c in dump.calls_of(source) if c.group == group and c.seq is not None}
             by_rank.update({rank: calls} if calls else {})
     if len(by_rank) < 2:
         return None
@@ -192,22 +223,43 @@ def diagnose(dumps: Dumps) -> Diagnosis:
     missing = [r for r in range(dumps.world_size or 0) if r not in have]
     found = Diagnosis(dumps.directory, dumps.world_size, [dumps.ranks[r] for r in sorted(dumps.ranks)],
                       list(dumps.problems), missing)  # fmt: skip
-    lasts: dict = {}  # group -> rank -> its last collective on the group
-    for dump in found.dumps:
-        for call in dump.calls:
-            if call.seq is not None:
-                lasts.setdefault(call.group, {})[dump.rank] = call
-        last = dump.calls[-1] if dump.calls else None
-        if last is not None and last.seq is None and last.state != "completed":  # a send or recv holds it up
-            peers = [_where(last.root, "peer", dumps)] if last.root is not None and last.root != dump.rank else []
-            found.stuck.append(Stuck(last.group, None, [Waiter(dump.rank, last, _waited(last, dump))], peers))
-    for group in sorted(lasts, key=lambda g: (-len(g), g)):
-        stuck = _group_stuck(group, lasts[group], dumps)
-        found.stuck += [stuck] if stuck else []
-        disagreement = _disagreement(group, dumps)
-        found.disagreements += [disagreement] if disagreement else []
+    # polydist's own recorder, then torch's (gloo's and nccl's operations, whoever called them): each on its own,
+    # since each numbers a group's collectives its own way.
+    for source in ("polydist", "torch"):
+        _find(found, dumps, source)
     found.stuck.sort(key=lambda s: min(w.call.start for w in s.waiting))  # the oldest wait first: often the cause
     return found
+
+
+def _said(stuck: Stuck, earlier: list) -> bool:
+    """Whether torch's ``stuck`` is a polydist call already found stuck: each of its waiting operations began
+    inside a stuck polydist call of the same rank and group (polydist's own calls on gloo and nccl are in
+    both recorders; polydist's finding says more)."""
+    if stuck.waiting[0].call.source != "torch":
+        return False
+    mine = [w.call for s in earlier for w in s.waiting if w.call.source == "polydist"]
+    return all(any(c.rank == w.rank and c.group == stuck.group and c.start <= w.call.start
+                   and (c.end is None or w.call.start <= c.end) for c in mine) for w in stuck.waiting)  # fmt: skip
+
+
+def _find(found: Diagnosis, dumps: Dumps, source: str) -> None:
+    """Add the stuck calls and disagreements of one recorder's calls (``source``) to ``found``."""
+    lasts: dict = {}  # group -> rank -> its last collective on the group
+    for dump in found.dumps:
+        calls = dump.calls_of(source)
+        for call in calls:
+            if call.seq is not None:
+                lasts.setdefault(call.group, {})[dump.rank] = call
+        last = calls[-1] if calls else None
+        if last is not None and last.seq is None and last.state != "completed":  # a send or recv holds it up
+            peer = last.root is not None and last.root != dump.rank
+            peers = [_where(last.root, "peer", dumps, source)] if peer else []
+            found.stuck.append(Stuck(last.group, None, [Waiter(dump.rank, last, _waited(last, dump))], peers))
+    for group in sorted(lasts, key=lambda g: (-len(g), g)):
+        stuck = _group_stuck(group, lasts[group], dumps, source)
+        found.stuck += [stuck] if stuck and not _said(stuck, found.stuck) else []
+        disagreement = _disagreement(group, dumps, source)
+        found.disagreements += [disagreement] if disagreement else []
 
 
 def _plain(x: Any) -> Any:

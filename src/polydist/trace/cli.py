@@ -41,7 +41,8 @@ __all__ = ["add_parser", "run"]
 
 _DESCRIPTION = (
     "Read the flight recorder's dumps in DIR (one rank<R>.json per rank, written when a collective times out, a "
-    "rank fails, on SIGUSR1 and on polydist.dump_trace()) and say which ranks wait in which collective, which "
+    "rank fails, on SIGUSR1 and on polydist.dump_trace(); with torch's own flight recorder of gloo's and nccl's "
+    "operations, DDP's and FSDP2's included) and say which ranks wait in which collective, which "
     "never called it and where they are instead, and the first collective the ranks disagree on."
 )
 

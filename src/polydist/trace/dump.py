@@ -33,7 +33,7 @@ import time
 import traceback
 from typing import Optional
 
-from .. import context, settings
+from .. import _torch, context, settings
 from ..collectives.recorder import RECORDER, as_dict
 from ..errors import WorldMismatchError
 
@@ -171,6 +171,7 @@ def _write(path: Optional[str], reason: str, error: Optional[BaseException]) -> 
         "dropped": dropped,
         "entries": [as_dict(r) for r in records],
         "stacks": _stacks(),
+        "torch": _torch_records(),
     }
     target = path or trace_dir()
     if not target.endswith(".json"):
@@ -186,6 +187,31 @@ def _write(path: Optional[str], reason: str, error: Optional[BaseException]) -> 
         os.unlink(temp)
         raise
     return target
+
+
+# What a dump keeps of each of torch's entries (torch's names); frames: the innermost few, enough to reach user code.
+_TORCH_FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "is_p2p", "profiling_name",
+                 "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state", "retired", "timeout_ms",
+                 "time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")  # fmt: skip
+_TORCH_FRAMES = 24
+
+
+def _torch_records() -> Optional[dict]:
+    """torch's own flight recorder (gloo's, NCCL's operations, whoever called them: DDP, FSDP2, ...), or None
+    where this torch has none. ``buffer``: its size (``TORCH_FR_BUFFER_SIZE``; 0: off, no entries);
+    ``groups``: each live group's global ranks by the name its entries give; ``entries``: oldest first."""
+    if not _torch.fr_available():
+        return None
+    entries = []
+    for recorder in _torch.fr_dumps():
+        for e in recorder["entries"]:
+            kept = {k: e.get(k) for k in _TORCH_FIELDS}
+            kept["frames"] = list(e.get("frames") or ())[:_TORCH_FRAMES]  # torch's order: innermost first
+            kept["recorder"] = recorder["recorder"]
+            entries.append(kept)
+    size = os.environ.get(_torch.FR_BUFFER_SIZE) or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or "0"
+    return {"buffer": int(size) if size.strip().isdigit() else 0, "groups": _torch.group_ranks_by_name(),
+            "entries": entries}  # fmt: skip
 
 
 def timed_out(exc: BaseException) -> None:

@@ -74,6 +74,8 @@ class Call:
     end: Optional[float]
     state: str
     error: Optional[str]
+    source: str = "polydist"  # whose recorder: "polydist", or "torch" (torch's own, of gloo's and nccl's operations)
+    timeout: Optional[float] = None  # s; torch's entries only
 
     @property
     def site(self) -> Site:
@@ -104,6 +106,16 @@ class Dump:
     dropped: int
     calls: tuple  # Call, oldest first
     stacks: tuple  # Stack, the main thread's first
+    torch_calls: tuple = ()  # Call (source "torch"), oldest first: torch's own recorder's entries
+    torch_on: Optional[bool] = None  # torch's recorder was on (TORCH_FR_BUFFER_SIZE > 0); None: no record of it
+
+    def calls_of(self, source: str) -> tuple:
+        """The calls of one recorder: ``"polydist"`` (:attr:`calls`) or ``"torch"`` (:attr:`torch_calls`)."""
+        return self.torch_calls if source == "torch" else self.calls
+
+    def recorded(self, source: str) -> bool:
+        """Whether that recorder was on in this rank."""
+        return bool(self.torch_on) if source == "torch" else self.enabled
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,8 @@ _KINDS = {
     "strs": lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
     "shapes": lambda v: isinstance(v, list) and all(isinstance(s, list) and all(type(d) is int for d in s) for s in v),
     "list": lambda v: isinstance(v, list),
+    "dict": lambda v: isinstance(v, dict),
+    "nums": lambda v: type(v) in (int, float) and math.isfinite(v) and v >= 0,
 }
 _REQUIRED = object()
 # name -> (kind, default when absent): only what an analysis cannot do without is required.
@@ -150,7 +164,7 @@ _DUMP = {"rank": ("nat", _REQUIRED), "world_size": ("nat?", None), "local_rank":
          "host": ("str?", None), "pid": ("int?", None), "backend": ("str?", None), "reason": ("str", _REQUIRED),
          "time": ("num", _REQUIRED), "error": ("str?", None), "traceback": ("str?", None),
          "error_frames": ("list", ()), "enabled": ("bool", True), "dropped": ("nat", 0),
-         "entries": ("list", _REQUIRED), "stacks": ("list", ())}  # fmt: skip
+         "entries": ("list", _REQUIRED), "stacks": ("list", ()), "torch": ("dict?", None)}  # fmt: skip
 _ENTRY = {"id": ("nat", _REQUIRED), "collective": ("str", _REQUIRED), "group": ("ranks", _REQUIRED),
           "seq": ("nat?", None), "op": ("str?", None), "root": ("int?", None), "dtypes": ("strs", ()),
           "shapes": ("shapes", ()), "bytes": ("nat", 0), "value": ("bool", False), "async": ("bool", False),
@@ -199,6 +213,63 @@ def _stack(obj: Any, where: str) -> Stack:
     return Stack(f["thread"], f["main"], _sites(f["frames"], f"{where}.frames"))
 
 
+# torch's entries (torch's names; see the format). Checked as hostile as the rest: a field of the wrong type or
+# size makes the dump unreadable, named as such; never a crash.
+_TORCH = {"buffer": ("nat", 0), "groups": ("dict", {}), "entries": ("list", [])}
+_TORCH_ENTRY = {"record_id": ("nat", _REQUIRED), "process_group": ("strs", _REQUIRED),
+                "collective_seq_id": ("nat", 0), "p2p_seq_id": ("nat", 0), "is_p2p": ("bool", False),
+                "profiling_name": ("str", _REQUIRED), "input_sizes": ("shapes", ()), "input_dtypes": ("strs", ()),
+                "retired": ("bool", False), "state": ("str?", None), "timeout_ms": ("nums?", None),
+                "time_created_ns": ("nat", _REQUIRED), "time_discovered_completed_ns": ("nat?", None),
+                "frames": ("list", ())}  # fmt: skip
+_TORCH_FRAME = {"name": ("str?", None), "filename": ("str?", None), "line": ("int?", None)}
+_NAME_CHARS = 80  # an operation's name longer than this is not torch's
+# torch's dtype names (c10::ScalarType) as polydist's dumps spell them
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+           "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}  # fmt: skip
+
+
+def _torch_call(obj: Any, rank: int, size: Optional[int], groups: dict, where: str) -> Optional[Call]:
+    """One of torch's entries as a Call (source "torch"); None for one of a group whose ranks the dump lacks."""
+    f = _fields(obj, _TORCH_ENTRY, where)
+    if not f["process_group"] or len(f["profiling_name"]) > _NAME_CHARS or len(f["input_sizes"]) != len(
+            f["input_dtypes"]):  # fmt: skip
+        raise _Bad(f"{where} is not one of torch's flight-recorder entries (process_group, profiling_name, sizes)")
+    name = f["process_group"][0]
+    group = groups.get(name)
+    if group is None and name == "0" and size is not None:  # torch's world: its name is "0"
+        group = list(range(size))
+    if group is None:
+        return None
+    frames = [Site(**{"file": x["filename"], "line": x["line"], "function": x["name"]})
+              for x in (_fields(fr, _TORCH_FRAME, f"{where}.frames[{i}]") for i, fr in enumerate(f["frames"]))]
+    site = next((x for x in frames if not is_library(x.file)), frames[0] if frames else Site(None, None))
+    completed = f["retired"] or f["state"] == "completed"
+    end = f["time_discovered_completed_ns"]
+    return Call(rank=rank, id=f["record_id"], collective=f["profiling_name"], group=tuple(group),
+                seq=None if f["is_p2p"] else f["collective_seq_id"], op=None, root=None,
+                dtypes=tuple(_DTYPES.get(d, d) for d in f["input_dtypes"]),
+                shapes=tuple(map(tuple, f["input_sizes"])), bytes=0, value=False, is_async=False, file=site.file,
+                line=site.line, function=site.function, start=f["time_created_ns"] / 1e9,
+                end=end / 1e9 if end else None, state="completed" if completed else "started", error=None,
+                source="torch", timeout=f["timeout_ms"] / 1e3 if f["timeout_ms"] is not None else None)  # fmt: skip
+
+
+def _torch_calls(obj: Optional[dict], rank: int, size: Optional[int]) -> tuple:
+    """``(calls, on)`` from a dump's "torch" object (None: this torch had no recorder)."""
+    if obj is None:
+        return (), None
+    f = _fields(obj, _TORCH, "torch")
+    groups = {}
+    for name, ranks in f["groups"].items():
+        if not _KINDS["ranks"](ranks) or len(set(ranks)) != len(ranks) or (size is not None and max(ranks) >= size):
+            raise _Bad(f"torch.groups[{name[:20]!r}] is not a group of ranks of a world of {size}: {str(ranks)[:40]}")
+        groups[name] = ranks
+    calls = (_torch_call(e, rank, size, groups, f"torch.entries[{i}]") for i, e in enumerate(f["entries"]))
+    kept = [c for c in calls if c is not None and rank in c.group]
+    return tuple(sorted(kept, key=lambda c: (c.start, c.id))), f["buffer"] > 0 or bool(kept)
+
+
 def _no_constant(name: str) -> Any:
     raise _Bad(f"holds {name}, which is not JSON")
 
@@ -236,11 +307,13 @@ def read_dump(path: str) -> Dump:
         raise _Bad(f"says rank {rank} of a world of {size}")
     calls = sorted((_call(e, rank, size, f"entries[{i}]") for i, e in enumerate(f["entries"])), key=lambda c: c.id)
     stacks = [_stack(s, f"stacks[{i}]") for i, s in enumerate(f["stacks"])]
+    torch_calls, torch_on = _torch_calls(f["torch"], rank, size)
     return Dump(path=path, rank=rank, world_size=size, local_rank=f["local_rank"], host=f["host"], pid=f["pid"],
                 backend=f["backend"], reason=f["reason"], time=float(f["time"]), error=f["error"],
                 traceback=f["traceback"], error_frames=_sites(f["error_frames"], "error_frames"),
                 enabled=f["enabled"], dropped=f["dropped"], calls=tuple(calls),
-                stacks=tuple(sorted(stacks, key=lambda s: not s.main)))  # fmt: skip
+                stacks=tuple(sorted(stacks, key=lambda s: not s.main)), torch_calls=torch_calls,
+                torch_on=torch_on)  # fmt: skip
 
 
 def load(directory: str) -> Dumps:
@@ -274,7 +347,8 @@ def load(directory: str) -> Dumps:
         said = ", ".join(f"{os.path.basename(d.path)} says {d.world_size}" for d in dumps.ranks.values())
         dumps.problems.append(Problem("", None, f"the dumps disagree on the world size: {said}"))
     # With no world size in any dump (a launcher's variables contradicted each other), the ranks seen bound it.
-    seen = [r for d in dumps.ranks.values() for r in (d.rank, *(r for c in d.calls for r in c.group))]
+    seen = [r for d in dumps.ranks.values()
+            for r in (d.rank, *(r for c in d.calls + d.torch_calls for r in c.group))]  # fmt: skip
     dumps.world_size = max(sizes) if sizes else max(seen, default=-1) + 1 or None
     return dumps
 

@@ -142,7 +142,7 @@ class _Words:
         text += f", last {'collective' if w.last.seq is not None else 'call'}: {label(w.last, group)} completed"
         return text + (f" {w.seconds:.1f} s before the dump" if w.seconds is not None else "")
 
-    def others(self, found: list, group: Optional[tuple]) -> list:
+    def others(self, found: list, group: Optional[tuple], source: str = "polydist") -> list:
         """Clauses for the members not in a stuck call, ranks with the same clause together."""
         clusters: dict = {}
         for w in found:
@@ -159,7 +159,8 @@ class _Words:
             if relation == "peer":
                 out.append(self.where(ws[0], who, plural, group))
             elif relation == "unknown":
-                out.append(f"{who} had the recorder off — {where}")
+                recorder = "torch's recorder" if source == "torch" else "the recorder"
+                out.append(f"{who} had {recorder} off — {where}")
             else:
                 out.append(f"{who} {relation} it — {where}")
         return out
@@ -168,7 +169,7 @@ class _Words:
         if st.seq is None:  # point-to-point: one rank
             w = st.waiting[0]
             head = f"rank {w.rank}: {label(w.call)} at {self.at(w.call.site)}, {self.wait(w, [w.seconds])}"
-            return "; ".join([head] + self.others(st.others, st.group))
+            return "; ".join([head] + self.others(st.others, st.group, w.call.source))
         names = {w.call.collective for w in st.waiting}
         mixed = len(names) > 1
         clusters: dict = {}
@@ -181,7 +182,7 @@ class _Words:
             seconds = [w.seconds for w in ws]
             parts.append(f"{_who([w.rank for w in ws])} {self.wait(ws[0], seconds, inside, at)}")
         title = f"{'call' if mixed else names.pop()} #{st.seq} on [{_ranks(st.group)}]"
-        return f"{title}: " + "; ".join(parts + self.others(st.others, st.group))
+        return f"{title}: " + "; ".join(parts + self.others(st.others, st.group, st.waiting[0].call.source))
 
     @staticmethod
     def wait(w: Waiter, seconds: list, inside: str = "", at: str = "") -> str:
@@ -210,6 +211,8 @@ class _Words:
             text += f": its main thread is at {self.at(site)} (in function {site.function})" if site else ""
         if dump.dropped:
             text += f"; {dump.dropped} older calls were dropped from its ring buffer"
+        if dump.torch_on is False and dump.backend in ("gloo", "nccl"):  # DDP's, FSDP2's calls go unseen
+            text += "; torch's recorder was off (TORCH_FR_BUFFER_SIZE=0): operations not made through polydist's API are not in the dump"
         return text
 
 
