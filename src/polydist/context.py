@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -207,7 +208,8 @@ def finalize() -> None:
     at most the world's collective timeout; past it, a warning on stderr and the
     group is destroyed anyway. Every rank must therefore call it (as
     ``spawn`` and ``Parallel`` do when the function returns); the exit of a
-    process that did not (an error) does not wait.
+    process that did not (an error) does not wait, but counts itself out, so
+    that the ranks waiting here go on at once instead of waiting out the timeout.
 
     A group the user created and polydist adopted is left as it is, without
     waiting (torch's ``destroy_process_group`` does not wait either). Cached
@@ -230,23 +232,30 @@ def leave(wait: bool) -> None:
         state = None  # a group polydist would not adopt: not its to destroy
     _world = None  # its groups, sequence numbers and buffers go with it
     if state is not None and state.owns_group:
-        if wait and state.size > 1:
+        if state.size > 1 and wait:
             _wait_for_every_rank(state)
+        elif state.size > 1:  # counted out in a thread of its own: a store that does not answer must not hold the exit
+            out = threading.Thread(target=_wait_for_every_rank, args=(state, False), daemon=True)
+            out.start()
+            out.join(_COUNT_OUT_S)
         dist.destroy_process_group()
         horovod_job.stop()  # Horovod too, if initialize("horovod") started it
 
 
 _leaves = 0  # finalize barriers so far in this process: the same count on every rank of a job
+_COUNT_OUT_S = 2.0  # how long an exit without waiting may spend counting itself out on the store
 _LAST_OUT_S = 10.0  # how long a rank waits for the others to read the store before it may take it down
 
 
-def _wait_for_every_rank(state: World) -> None:
+def _wait_for_every_rank(state: World, wait: bool = True) -> None:
     """Return when every rank of ``state``'s world has reached :func:`finalize` (a barrier on the job's store).
 
     Each rank adds itself to a counter; the last to arrive sets a key the
     others wait for. Then each says it has left, and every rank waits (briefly)
     for all to have left, so that the rank serving the store does not close it
-    while a peer still waits for its answer.
+    while a peer still waits for its answer. Without ``wait`` (at exit, after
+    an error) the rank only counts itself in and out, so that peers already
+    in :func:`finalize` need not wait out the timeout for a rank that is gone.
     """
     global _leaves
     _leaves += 1
@@ -257,15 +266,18 @@ def _wait_for_every_rank(state: World) -> None:
         store = _torch.default_store()
         if store.add(key, 1) == state.size:
             store.set(f"{key}/all", b"1")
-        store.wait([f"{key}/all"], timedelta(seconds=limit))
+        if wait:
+            store.wait([f"{key}/all"], timedelta(seconds=limit))
     except Exception as exc:  # noqa: BLE001 - a rank gone, a store gone: leave anyway, as before
-        print(f"polydist: finalize: rank {state.rank} did not see every rank of the world of {state.size} reach "
-              f"finalize within {limit:g} s ({type(exc).__name__}: {str(exc)[:200]}); destroying the group anyway",
-              file=sys.stderr, flush=True)  # fmt: skip
+        if wait:
+            print(f"polydist: finalize: rank {state.rank} did not see every rank of the world of {state.size} reach "
+                  f"finalize within {limit:g} s ({type(exc).__name__}: {str(exc)[:200]}); destroying the group "
+                  f"anyway", file=sys.stderr, flush=True)  # fmt: skip
         return
     try:
         if store.add(f"{key}/out", 1) < state.size:
-            store.wait([f"{key}/out/all"], timedelta(seconds=_LAST_OUT_S))
+            if wait:
+                store.wait([f"{key}/out/all"], timedelta(seconds=_LAST_OUT_S))
         else:
             store.set(f"{key}/out/all", b"1")
     except Exception:  # noqa: BLE001 - every rank arrived; the store's host may already be gone

@@ -28,19 +28,28 @@ def importable(monkeypatch):
 
 
 def _late_finisher(local_rank: int, late_s: float) -> tuple:
-    """Rank 1 reaches finalize ``late_s`` after the others; each rank returns how long its finalize took."""
-    if pd.get_rank() == 1:
+    """Rank 1 reaches finalize ``late_s`` after the others; rank 3 leaves at once as a process exit does (no
+    waiting, after an error, say); each rank returns how long its finalize took."""
+    rank = pd.get_rank()
+    if rank == 1:
         time.sleep(late_s)
     start = time.monotonic()
-    pd.finalize()
-    return pd.get_rank() if pd.is_initialized() else local_rank, time.monotonic() - start
+    if rank == 3:
+        from polydist import context
+
+        context.leave(wait=False)  # what the exit of a process that never called finalize does
+    else:
+        pd.finalize()
+    return rank, time.monotonic() - start
 
 
 @pytest.mark.timeout(120)
 def test_finalize_waits_for_the_rank_that_finishes_last(importable):
-    took = dict(pd.spawn("gloo", _late_finisher, args=(2.0,), nproc_per_node=3))
+    took = dict(pd.spawn("gloo", _late_finisher, args=(2.0,), nproc_per_node=4, timeout=60))
     assert took[0] >= 1.5 and took[2] >= 1.5, took  # they waited for rank 1
     assert took[1] < 1.5, took  # the last to arrive did not
+    assert took[3] < 1.5, took  # a rank leaving without waiting does not wait
+    assert max(took.values()) < 30, took  # and nobody waited out the timeout for it: it counted itself out
 
 
 def _subgroup_reduces(local_rank: int, rounds: int) -> float:
