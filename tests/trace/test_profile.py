@@ -91,6 +91,16 @@ def test_summarize_synthetic_calls():
     assert [r["collective"] for r in summary["rows"]][-2:] == ["recv", "send"]  # point-to-point last
 
 
+def test_torchs_operation_names_have_their_collectives_bandwidth():
+    """FSDP2's and DDP's calls reach the Python groups under torch's names: the same size rule and busbw factor."""
+    from polydist.bench.units import FAMILY, bandwidths
+
+    for torch_name, family in FAMILY.items():
+        assert busbw_factor(torch_name, 4) == busbw_factor(family, 4) is not None
+        assert bandwidths(torch_name, 1000, 1e-6, 4) == bandwidths(family, 1000, 1e-6, 4)
+    assert busbw_factor("barrier", 4) is None and busbw_factor("no_such_op", 4) is None
+
+
 def test_format_profile_synthetic():
     text = format_profile(dict(_synthetic(), backend="gloo", duration_s=2.5))
     lines = text.splitlines()

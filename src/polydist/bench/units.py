@@ -21,7 +21,7 @@ import re
 from typing import Callable, Optional, Union
 
 __all__ = [
-    "KiB", "MiB", "GiB", "parse_size", "format_size", "size_range", "BUSBW_FACTORS", "busbw_factor", "bandwidths",
+    "KiB", "MiB", "GiB", "parse_size", "format_size", "size_range", "BUSBW_FACTORS", "FAMILY", "busbw_factor", "bandwidths",
     "format_bandwidth", "aligned_columns",
 ]  # fmt: skip
 
@@ -86,9 +86,18 @@ BUSBW_FACTORS: dict[str, Callable[[int], float]] = {
 }
 
 
+# The names torch.distributed's process-group operations go by (as the Python groups record them: FSDP2's
+# all-gathers and reduce-scatters, DDP's bucketed all-reduces), by the collective whose bandwidth they have.
+FAMILY: dict[str, str] = {
+    "all_gather_into_tensor": "all_gather", "all_gather_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "allreduce_coalesced": "all_reduce",
+}
+
+
 def busbw_factor(collective: str, world_size: int) -> Optional[float]:
-    """busbw / algbw for ``collective`` on ``world_size`` ranks; None when it has no bandwidth (barrier, unknown)."""
-    factor = BUSBW_FACTORS.get(collective)
+    """busbw / algbw for ``collective`` (polydist's name or torch's, :data:`FAMILY`) on ``world_size`` ranks; None
+    when it has no bandwidth (barrier, unknown)."""
+    factor = BUSBW_FACTORS.get(FAMILY.get(collective, collective))
     return None if factor is None or world_size < 1 else factor(world_size)
 
 

@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 from typing import Any, Optional
 
-from ..bench.units import GiB, KiB, MiB, aligned_columns, bandwidths, format_bandwidth, format_size
+from ..bench.units import FAMILY, GiB, KiB, MiB, aligned_columns, bandwidths, format_bandwidth, format_size
 
 __all__ = ["summarize", "format_profile", "bucket", "GATHERED", "FAILED_CALL", "VALUE_CALL"]
 
@@ -102,7 +102,7 @@ def summarize(payloads: list, ranks: list, offsets: list) -> dict:
 
     for (group, _), (name, value, seen) in calls.items():
         sizes = [nbytes for _, _, nbytes, _ in seen.values()]
-        size = None if value else sum(sizes) if name in GATHERED else max(sizes)
+        size = None if value else sum(sizes) if FAMILY.get(name, name) in GATHERED else max(sizes)
         row = rows.setdefault((name, len(group), bucket(size)), _Row())
         if len(seen) < len(group) or any(failed for *_, failed in seen.values()):
             row.add(size, None)
