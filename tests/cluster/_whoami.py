@@ -7,6 +7,7 @@ the results of three collectives across the nodes, which the tests check on ever
 * ``all_gather_tensors_with_shapes`` of a ``(rank + 1, 3)`` tensor (an any-shape collective).
 
 ``--parallel``: the same inside ``polydist.Parallel(backend=...)`` as ignite's docs show ``idist.Parallel``.
+``--big-mib N``: also an all_reduce of N MiB of float32 (traffic to see on the link).
 ``--fail-rank R``: rank R raises after the collectives (the failure-handling jobs). ``--sleep S``: then sleep.
 """
 
@@ -27,6 +28,9 @@ def report(local_rank, args):
     peers = pdist.all_gather({"rank": rank, "hostname": pdist.hostname(), "slurm_nodeid": os.environ.get("SLURM_NODEID")})
     shapes = [[r + 1, 3] for r in range(world)]
     shaped = pdist.all_gather_tensors_with_shapes(torch.full((rank + 1, 3), float(rank)), shapes)
+    if args.big_mib:
+        big = pdist.all_reduce(torch.ones(args.big_mib * 2**18))
+        assert bool((big == world).all()), f"rank {rank}: all_reduce of {args.big_mib} MiB is wrong"
     me = {
         "rank": rank, "world_size": world, "local_rank": pdist.get_local_rank(), "local_rank_arg": local_rank,
         "node_rank": pdist.get_node_rank(), "nnodes": pdist.get_nnodes(), "nproc_per_node": pdist.get_nproc_per_node(),
@@ -46,6 +50,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", default=None)
     parser.add_argument("--parallel", action="store_true")
+    parser.add_argument("--big-mib", type=int, default=0)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--sleep", type=float, default=0)
     args = parser.parse_args()
