@@ -5,9 +5,12 @@ place and three collectives (tensor all_reduce, value all_gather, any-shape all_
 veth's byte counters show the traffic crossed the link."""
 
 import os
+import re
 import stat
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -98,3 +101,48 @@ def test_mpi_world_across_two_hosts(hosts, runtime):
     check_world(whoami(out.stdout), [h.hostname for h in hosts.hosts], 2, backend="mpi4py")
     print(f"{runtime}: bytes sent on the veth pair by host 0, host 1: {sent}")
     assert all(s >= BIG_MIB * 2**20 for s in sent), sent
+
+
+DROP_TIMEOUT_S = 10
+MPIEXEC_TIMEOUT_S = 60  # the job's whole run time: the bound on mpiexec itself (see below)
+
+
+@pytest.mark.timeout(JOB_S + 60)
+def test_dropped_link_ends_job_naming_unreachable_ranks(hosts, tmp_path):
+    """mpiexec across the two hosts, gloo collectives with polydist's timeout of 10 s: host 1's link goes down
+    mid-job. Host 0's ranks raise CollectiveTimeoutError naming ranks 2 and 3 (host 1's) within the timeout
+    (plus polydist's grace); mpiexec then waits on its connection to host 1's proxy, which a dropped link
+    never closes (TCP retries for many minutes), so the bound on the whole job is mpiexec's own
+    MPIEXEC_TIMEOUT."""
+    ready = tmp_path / "ready"
+    steps = os.path.join(HERE, "_steps.py")
+    argv = mpich_command(hosts, [steps, "--timeout", str(DROP_TIMEOUT_S), "--ready", str(ready), "--seconds", "40"])
+    env = _env(MASTER_ADDR=hosts.hosts[0].addr, MASTER_PORT="29600", MPIEXEC_TIMEOUT=str(MPIEXEC_TIMEOUT_S))
+    lines = []  # (seconds since start, line) of mpiexec's stderr
+    job = subprocess.Popen(hosts.command(hosts.hosts[0], argv, own_hostname=True), env=env, cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in job.stderr))
+    reader.start()
+    try:
+        while not ready.exists():
+            assert job.poll() is None, "".join(line for _, line in lines)
+            time.sleep(0.2)
+        lost = hosts.hosts[1]
+        subprocess.run(["ip", "-n", lost.netns, "link", "set", lost.ifname, "down"], check=True, timeout=20)
+        dropped = time.monotonic()
+        job.wait(timeout=MPIEXEC_TIMEOUT_S + 30)
+        ended = time.monotonic() - dropped
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, 9)
+        hosts.kill_inside()  # host 1's ranks and proxy, cut off from mpiexec
+        subprocess.run(["ip", "-n", hosts.hosts[1].netns, "link", "set", hosts.hosts[1].ifname, "up"], timeout=20)
+        reader.join(timeout=10)
+    text = "".join(line for _, line in lines)
+    named = [(t - dropped, line) for t, line in lines if "CollectiveTimeoutError" in line]
+    assert named, text[-5000:]
+    print(f"link down; first CollectiveTimeoutError after {named[0][0]:.1f} s: {named[0][1].strip()}\n"
+          f"mpiexec ended after {ended:.1f} s, exit code {job.returncode}")
+    assert all("[2, 3]" in line or "2 and 3" in line or "2, 3" in line for _, line in named), named
+    assert named[0][0] < DROP_TIMEOUT_S + 15, named[0]
+    assert job.returncode != 0
