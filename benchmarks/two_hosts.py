@@ -17,7 +17,6 @@ timed blocks) on the backend named by ``POLYDIST_BACKEND``; gloo meets at host 0
 import argparse
 import json
 import os
-import stat
 import subprocess
 import sys
 import tempfile
@@ -26,8 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 
+from _cluster import write_enter_host  # noqa: E402
 from _netns import TwoHosts  # noqa: E402
-from test_mpi_two_hosts import WRAPPER  # noqa: E402
 
 BIN = os.path.dirname(sys.executable)
 
@@ -65,10 +64,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         try:
             two.setup()
-            wrapper = os.path.join(tmp, "enter-host")
-            with open(wrapper, "w") as f:
-                f.write(WRAPPER % "\n".join(f"  {h.hostname}|{h.addr}) ns={h.netns} ;;" for h in two.hosts))
-            os.chmod(wrapper, stat.S_IRWXU)
+            wrapper = write_enter_host(two, os.path.join(tmp, "enter-host"))
             for layout in ("one host", "two hosts"):
                 for backend in ("gloo", "mpi"):
                     result, sent = measure(two, wrapper, backend, layout, args.size, args.iters, args.repeats, tmp)

@@ -32,6 +32,26 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 _CGROUP_MOUNT = ["sh", "-c", 'mount -t tmpfs polydist-slurm /sys/fs/cgroup && exec "$@"', "sh"]
 CPUS_PER_NODE = 4
 
+# ssh's place: `<wrapper> [options] HOST COMMAND...` runs COMMAND in HOST's namespace under HOST's name.
+_ENTER_HOST = """#!/bin/sh
+while [ "${1#-}" != "$1" ]; do shift; done
+host=$1; shift
+case "$host" in
+%s
+  *) echo "no such host: $host" >&2; exit 255 ;;
+esac
+exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
+"""
+
+
+def write_enter_host(two: TwoHosts, path: str) -> str:
+    """Write ``path``, an executable that takes ssh's place for mpiexec (``<path> [options] HOST COMMAND...``:
+    COMMAND run by ``sh`` in HOST's namespace under HOST's name; HOST a node name or address of ``two``)."""
+    with open(path, "w") as f:
+        f.write(_ENTER_HOST % "\n".join(f"  {h.hostname}|{h.addr}) ns={h.netns} ;;" for h in two.hosts))
+    os.chmod(path, 0o700)
+    return path
+
 
 def missing() -> str:
     """Why the cluster cannot be made here ("" when it may be): no Slurm/munge, or no namespaces."""

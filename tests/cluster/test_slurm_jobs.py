@@ -9,13 +9,32 @@ import time
 
 import pytest
 
-from conftest import HERE, check_world, whoami
+from _checks import HERE, ROOT, check_world, drop_link_mid_job, only_in_make_target, whoami
+from _cluster import SlurmCluster, missing
+from _netns import Unavailable
 
-ROOT = os.path.dirname(os.path.dirname(HERE))
+pytestmark = only_in_make_target
 BIN = os.path.dirname(sys.executable)
 PY = sys.executable
 WHOAMI = os.path.join(HERE, "_whoami.py")
 JOB_S = 150
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    reason = missing()
+    if reason:
+        pytest.skip(f"no Slurm cluster here: {reason}")
+    pid = os.getpid()
+    cluster = SlurmCluster(tag=f"slm{pid % 100000}", octet=(pid + 203) % 250 + 1)
+    try:
+        try:
+            cluster.start()
+        except Unavailable as exc:
+            pytest.fail(str(exc))
+        yield cluster
+    finally:
+        cluster.close()
 
 
 def _documented_accuracy() -> float:
@@ -167,3 +186,21 @@ def test_scancel_leaves_no_process(slurm, tmp_path):
     _ok(slurm.run(["scancel", job]))
     assert _wait_job(slurm, job, 60) == "CANCELLED"
     _assert_no_ranks_left(slurm)
+
+
+@pytest.mark.timeout(JOB_S + 90)
+def test_lost_node_named_by_collective_timeout(slurm, tmp_path):
+    """Last here (it takes a node off the network): a 2 x 2 srun step whose collectives have polydist's
+    timeout of 10 s; node 1's link goes down mid-step. The ranks on node 0 raise CollectiveTimeoutError naming
+    ranks 2 and 3 within the timeout; srun ends (--kill-on-bad-exit) once Slurm has given up on the node."""
+    ready = tmp_path / "ready"
+    argv = slurm.command(["srun", "--kill-on-bad-exit=1", "-N", "2", "--ntasks-per-node", "2", PY,
+                          os.path.join(HERE, "_steps.py"), "--timeout", "10", "--ready", str(ready)])
+    named, ended, returncode, text = drop_link_mid_job(argv, _job_env(slurm), ROOT, ready, slurm.net, 1, JOB_S,
+                                                       kill_inside=False)
+    assert named, text[-5000:]
+    print(f"node 1 off the network: first CollectiveTimeoutError after {named[0][0]:.1f} s: {named[0][1]}\n"
+          f"srun ended after {ended:.1f} s, exit code {returncode}")
+    assert all("ranks [2, 3] did not arrive" in line for _, line in named), named
+    assert named[0][0] < 25, named[0]
+    assert returncode != 0
