@@ -18,6 +18,21 @@ only_in_make_target = pytest.mark.skipif(os.environ.get("POLYDIST_TEST_SLURM") !
                                          reason="real clusters: make test-slurm runs it")
 
 
+def final_accuracy(text: str) -> float:
+    """The accuracy ``examples/train_digits.py`` prints at its end (``final test accuracy: 0.xxxx``)."""
+    return float(re.search(r"final test accuracy: (0\.\d{4})", text).group(1))
+
+
+def documented_accuracy() -> float:
+    """The main job's accuracy as the README shows it; a job on any world size gives it up to rounding."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return final_accuracy(f.read())
+
+
+# How far a world's accuracy may be from the README's (the same model on any world size, up to rounding)
+ACCURACY_TOLERANCE = 0.01
+
+
 def whoami(stdout: str) -> list[dict]:
     """The WHOAMI records of a job's output (``_whoami.py``), in rank order."""
     # raw_decode: mpiexec's output forwarding may put two ranks' lines on one line

@@ -2,7 +2,9 @@
 each, started by one mpiexec on host 0 whose launcher enters each host's namespace: MPICH's Hydra with
 ``-launcher-exec``, Open MPI with ``plm_rsh_agent`` (the wrapper ``ssh`` would be on a cluster). Each rank's
 place and three collectives (tensor all_reduce, value all_gather, any-shape all_gather) are checked, and the
-veth's byte counters show the traffic crossed the link."""
+veth's byte counters show the traffic crossed the link. The main job (examples/train_digits.py) trains there
+to the README's accuracy, and a host whose link drops mid-job ends the job, under gloo and under MPI's own
+collectives."""
 
 import os
 import re
@@ -13,7 +15,8 @@ import pytest
 
 from _netns import two_hosts
 from _cluster import write_enter_host
-from _checks import HERE, ROOT, check_world, drop_link_mid_job, only_in_make_target, whoami
+from _checks import (ACCURACY_TOLERANCE, HERE, ROOT, check_world, documented_accuracy, drop_link_mid_job,
+                     final_accuracy, only_in_make_target, whoami)
 
 pytestmark = only_in_make_target
 WHOAMI = os.path.join(HERE, "_whoami.py")
@@ -86,26 +89,57 @@ def test_mpi_world_across_two_hosts(hosts, runtime):
     assert all(s >= BIG_MIB * 2**20 for s in sent), sent
 
 
+# MPICH only: under Open MPI 5.0 across the two hosts the job trains, prints its accuracy and that the parameters
+# agree, then never exits: host 1's ranks sit in an MPI_Allgather (coll/han) that host 0's never join; with
+# `--mca coll ^han` it stops earlier, before the accuracy. Not yet understood; _whoami.py's job, which ends the
+# same way (polydist.finalize()), exits.
+@pytest.mark.timeout(JOB_S + 30)
+@pytest.mark.parametrize("runtime", ["mpich"])
+def test_main_job_across_two_hosts(hosts, runtime):
+    """``mpiexec -n 4 python examples/train_digits.py --backend mpi`` over the two hosts: one world of 4 ranks
+    on the mpi backend, the same parameters on every rank and the README's accuracy."""
+    job = [os.path.join(ROOT, "examples", "train_digits.py"), "--backend", "mpi"]
+    out = run_on_host0(hosts, RUNTIMES[runtime](hosts, job))
+    assert out.returncode == 0, f"exit code {out.returncode}\n{out.stdout}\n{out.stderr}"
+    assert "world size 4, backend mpi4py," in out.stdout, out.stdout
+    assert "parameters identical on all 4 ranks" in out.stdout, out.stdout
+    accuracy = final_accuracy(out.stdout)
+    print(f"{runtime}, 2 hosts x 2 ranks: final test accuracy {accuracy}")
+    assert abs(accuracy - documented_accuracy()) <= ACCURACY_TOLERANCE, out.stdout
+
+
 DROP_TIMEOUT_S = 10
 MPIEXEC_TIMEOUT_S = 60  # the job's whole run time: the bound on mpiexec itself (see below)
 
 
 @pytest.mark.timeout(JOB_S + 60)
-def test_dropped_link_ends_job_naming_unreachable_ranks(hosts, tmp_path):
-    """mpiexec across the two hosts, gloo collectives with polydist's timeout of 10 s: host 1's link goes down
-    mid-job. Host 0's ranks raise CollectiveTimeoutError naming ranks 2 and 3 (host 1's) within the timeout
-    (plus polydist's grace); mpiexec then waits on its connection to host 1's proxy, which a dropped link
-    never closes (TCP retries for many minutes), so the bound on the whole job is mpiexec's own
-    MPIEXEC_TIMEOUT."""
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_dropped_link_ends_job_naming_unreachable_ranks(hosts, tmp_path, backend):
+    """mpiexec (MPICH) across the two hosts, collectives with polydist's timeout of 10 s: host 1's link goes
+    down mid-job, and host 0's ranks name ranks 2 and 3 (host 1's) in a CollectiveTimeoutError within the
+    timeout plus polydist's grace.
+
+    gloo: the ranks raise and exit; mpiexec then waits on its connection to host 1's proxy, which a dropped
+    link never closes (TCP retries for many minutes), so the bound on the whole job is mpiexec's own
+    MPIEXEC_TIMEOUT. mpi: a blocked MPI collective cannot be cancelled; the watchdog of polydist's mpi group
+    names the ranks (they never answered on the store) and calls MPI_Abort, which ends mpiexec at once: Hydra
+    sends its kill to every proxy and exits with the aborting rank's code without waiting for host 1's proxy,
+    so there MPIEXEC_TIMEOUT is only the backstop."""
     ready = tmp_path / "ready"
     steps = os.path.join(HERE, "_steps.py")
-    argv = mpich_command(hosts, [steps, "--timeout", str(DROP_TIMEOUT_S), "--ready", str(ready), "--seconds", "40"])
-    env = _env(MASTER_ADDR=hosts.hosts[0].addr, MASTER_PORT="29600", MPIEXEC_TIMEOUT=str(MPIEXEC_TIMEOUT_S))
+    argv = mpich_command(hosts, [steps, "--backend", backend, "--timeout", str(DROP_TIMEOUT_S),
+                                 "--ready", str(ready), "--seconds", "40"])
+    # gloo's ranks meet at MASTER_ADDR; the mpi backend's find their store through MPI
+    rendezvous = {"MASTER_ADDR": hosts.hosts[0].addr, "MASTER_PORT": "29600"} if backend == "gloo" else {}
+    env = _env(MPIEXEC_TIMEOUT=str(MPIEXEC_TIMEOUT_S), **rendezvous)
     named, ended, returncode, text = drop_link_mid_job(
         hosts.command(hosts.hosts[0], argv, own_hostname=True), env, ROOT, ready, hosts, 1, MPIEXEC_TIMEOUT_S + 30)
     assert named, text[-5000:]
-    print(f"link down; first CollectiveTimeoutError after {named[0][0]:.1f} s: {named[0][1]}\n"
+    print(f"{backend}: link down; first CollectiveTimeoutError after {named[0][0]:.1f} s: {named[0][1]}\n"
           f"mpiexec ended after {ended:.1f} s, exit code {returncode}")
     assert all("[2, 3]" in line or "2 and 3" in line or "2, 3" in line for _, line in named), named
     assert named[0][0] < DROP_TIMEOUT_S + 15, named[0]
     assert returncode != 0
+    if backend == "mpi":
+        assert "called MPI_Abort" in text, text[-5000:]
+        assert ended < named[0][0] + 10, ended  # ended by the abort, not by MPIEXEC_TIMEOUT

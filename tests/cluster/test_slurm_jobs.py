@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from _checks import HERE, ROOT, check_world, drop_link_mid_job, only_in_make_target, whoami
+from _checks import (ACCURACY_TOLERANCE, HERE, ROOT, check_world, documented_accuracy, drop_link_mid_job,
+                     final_accuracy, only_in_make_target, whoami)
 from _cluster import SlurmCluster, missing
 from _netns import Unavailable
 
@@ -37,11 +38,6 @@ def slurm():
         cluster.close()
 
 
-def _documented_accuracy() -> float:
-    with open(os.path.join(ROOT, "README.md")) as f:
-        return float(re.search(r"final test accuracy: (0\.\d{4})", f.read()).group(1))
-
-
 def _job_env(slurm, **extra):
     env = slurm.env
     env.update(OMP_NUM_THREADS="1", PATH=f"{BIN}:{env['PATH']}", **extra)
@@ -66,9 +62,9 @@ def test_srun_main_job_reaches_documented_accuracy(slurm):
     out = _ok(_srun(slurm, ["srun", "-N", "2", "--ntasks-per-node", "2", PY, "examples/train_digits.py"]))
     assert "world size 4, backend gloo" in out, out
     assert "parameters identical on all 4 ranks" in out, out
-    accuracy = float(re.search(r"final test accuracy: (0\.\d{4})", out).group(1))
+    accuracy = final_accuracy(out)
     print(f"srun 2 nodes x 2 ranks: final test accuracy {accuracy}")
-    assert abs(accuracy - _documented_accuracy()) <= 0.01, out
+    assert abs(accuracy - documented_accuracy()) <= ACCURACY_TOLERANCE, out
 
 
 @pytest.mark.timeout(JOB_S + 30)
@@ -90,8 +86,8 @@ def test_sbatch_example_as_shipped(slurm, tmp_path):
     state = _wait_job(slurm, job, JOB_S)
     text = (tmp_path / f"train-digits-{job}.out").read_text()
     assert state == "COMPLETED", f"{state}\n{text}"
-    accuracy = float(re.search(r"final test accuracy: (0\.\d{4})", text).group(1))
-    assert abs(accuracy - _documented_accuracy()) <= 0.01, text
+    accuracy = final_accuracy(text)
+    assert abs(accuracy - documented_accuracy()) <= ACCURACY_TOLERANCE, text
     assert "world size 4, backend gloo" in text
 
 
