@@ -265,8 +265,9 @@ def fr_available() -> bool:
     return any(hasattr(torch._C._distributed_c10d, name) for name in _FR_DUMPERS)
 
 
-def fr_dumps() -> list:
-    """torch's flight-recorder dumps of this process, one dict per recorder that has entries.
+def fr_dumps(stacks: bool = True) -> list:
+    """torch's flight-recorder dumps of this process, one dict per recorder that has entries; ``stacks``: with
+    each entry's call stack (torch symbolizes its C++ frames then: seconds, more on a loaded machine).
 
     Each is torch's own dump (``version``, ``pg_status``, ``entries``: see
     ``torch/distributed/flight_recorder``) unpickled from this process's own
@@ -281,7 +282,7 @@ def fr_dumps() -> list:
         if dump is None:
             continue
         try:
-            data = pickle.loads(dump())  # this process's own recorder: trusted bytes, unlike a file's
+            data = pickle.loads(dump(includeStackTraces=stacks))  # this process's own recorder: trusted bytes, unlike a file's
         except Exception:  # noqa: BLE001 - a recorder that cannot be read is left out of the dump
             continue
         if isinstance(data, dict) and data.get("entries"):

@@ -180,31 +180,62 @@ def test_a_hostile_torch_record_makes_the_dump_unreadable_not_the_command_crash(
     diagnose(dumps).text()
 
 
-def test_a_torch_without_a_flight_recorder_writes_dumps_without_torchs_records(tmp_path, monkeypatch):
-    """torch < 2.7 has no gloo recorder: the dump says null, and is read as before."""
-    monkeypatch.setattr(_torch, "fr_available", lambda: False)
-    path = trace_dump.dump_trace(str(tmp_path))
-    with open(path) as f:
-        assert json.load(f)["torch"] is None
-    assert load(str(tmp_path)).ranks[0].torch_on is None
-
-
-def test_a_dump_carries_this_processs_own_torch_records(tmp_path):
-    """A world of one on gloo: its all_reduce is in torch's recorder and so in the dump (torch 2.13 records by default)."""
-    import torch
-    import torch.distributed as dist
-
-    if not _torch.fr_available():
-        pytest.skip("this torch has no flight recorder")
+# Both dump tests write this process's own dump: they run in a fresh interpreter, so that what earlier tests left
+# in the pytest process (its recorder's records, torch's groups) is not in the dump they read.
+_OWN_DUMP = r"""
+import json, sys, torch, torch.distributed as dist
+from polydist import _torch
+from polydist.trace import dump as trace_dump
+from polydist.trace.analyze import load
+folder, mode = sys.argv[1], sys.argv[2]
+if mode == "no-recorder":
+    _torch.fr_available = lambda: False
+    path = trace_dump.dump_trace(folder)
+else:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        dist.all_reduce(torch.ones(2))
-        path = trace_dump.dump_trace(str(tmp_path))
+        dist.all_reduce(torch.ones(2))  # the line the dump must name
+        path = trace_dump.dump_trace(folder)
     finally:
         dist.destroy_process_group()
-    [dumped] = load(str(tmp_path)).ranks.values()
-    assert dumped.torch_on and dumped.torch_calls[-1].collective == "gloo:all_reduce"
-    assert dumped.torch_calls[-1].group == (0,) and dumped.torch_calls[-1].file == __file__, path
+with open(path) as f:
+    raw_torch = json.load(f)["torch"]
+dumps = load(folder)
+print(json.dumps({"raw_torch": raw_torch, "problems": [p.message for p in dumps.problems],
+                  "ranks": {r: {"torch_on": d.torch_on,
+                                "calls": [[c.collective, list(c.group), c.file, c.line] for c in d.torch_calls]}
+                            for r, d in dumps.ranks.items()}}))
+"""
+
+
+def _own_dump(tmp_path, mode: str) -> dict:
+    script = tmp_path / "own_dump.py"
+    script.write_text(_OWN_DUMP)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "dumps"), mode], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), str(script)
+
+
+@pytest.mark.timeout(150)
+def test_a_torch_without_a_flight_recorder_writes_dumps_without_torchs_records(tmp_path):
+    """torch < 2.7 has no gloo recorder: the dump says null, and is read as before."""
+    out, _ = _own_dump(tmp_path, "no-recorder")
+    assert out["raw_torch"] is None and out["problems"] == [], out
+    assert out["ranks"]["0"]["torch_on"] is None, out
+
+
+@pytest.mark.timeout(150)
+def test_a_dump_carries_this_processs_own_torch_records(tmp_path):
+    """A world of one on gloo: its all_reduce is in torch's recorder and so in the dump (torch 2.13 records by default)."""
+    if not _torch.fr_available():
+        pytest.skip("this torch has no flight recorder")
+    out, script = _own_dump(tmp_path, "gloo")
+    assert out["problems"] == [], out
+    [dumped] = out["ranks"].values()
+    assert dumped["torch_on"], out
+    collective, group, file, _ = dumped["calls"][-1]
+    assert collective == "gloo:all_reduce" and group == [0] and file == script, out
 
 
 def test_nccl_records_with_their_own_states_and_completion_times_are_read(tmp_path):

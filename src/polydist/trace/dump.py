@@ -171,7 +171,9 @@ def _write(path: Optional[str], reason: str, error: Optional[BaseException]) -> 
         "dropped": dropped,
         "entries": [as_dict(r) for r in records],
         "stacks": _stacks(),
-        "torch": _torch_records(),
+        # A dump asked for by a signal has a deadline (the launcher's grace before SIGKILL): torch's stacks take
+        # seconds to symbolize, so only a rank's own error or timeout writes them (the ranks that waited).
+        "torch": _torch_records(stacks=reason not in ("signal", "terminate")),
     }
     target = path or trace_dir()
     if not target.endswith(".json"):
@@ -196,14 +198,14 @@ _TORCH_FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2
 _TORCH_FRAMES = 24
 
 
-def _torch_records() -> Optional[dict]:
+def _torch_records(stacks: bool = True) -> Optional[dict]:
     """torch's own flight recorder (gloo's, NCCL's operations, whoever called them: DDP, FSDP2, ...), or None
-    where this torch has none. ``buffer``: its size (``TORCH_FR_BUFFER_SIZE``; 0: off, no entries);
+    where this torch has none; ``stacks``: with the entries' frames (see :func:`_write`). ``buffer``: its size (``TORCH_FR_BUFFER_SIZE``; 0: off, no entries);
     ``groups``: each live group's global ranks by the name its entries give; ``entries``: oldest first."""
     if not _torch.fr_available():
         return None
     entries = []
-    for recorder in _torch.fr_dumps():
+    for recorder in _torch.fr_dumps(stacks):
         for e in recorder["entries"]:
             kept = {k: e.get(k) for k in _TORCH_FIELDS}
             kept["frames"] = list(e.get("frames") or ())[:_TORCH_FRAMES]  # torch's order: innermost first
