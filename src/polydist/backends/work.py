@@ -90,10 +90,7 @@ class LaneWork(WorkBase):
         self._error = error
         if self._trace is not None:
             trace, self._trace = self._trace, None
-            if error is None:
-                RECORDER.end(trace)
-            else:
-                RECORDER.fail(trace, error)
+            RECORDER.close(trace, error)
         if self._done is not None:  # completed before the future is (as torch's own LaneWork): whoever the
             self._done.set()  # future wakes finds is_completed() true
         future = self._future
@@ -252,7 +249,8 @@ class Lane:
         if blocking and not self.pending and not profiled:
             self.inline(body, record, owned)
             return LaneWork(result, backend=self.backend)
-        work = LaneWork(result, queued=True, record=_record(self.backend, op, tensors) if profiled else None, backend=self.backend)
+        event = _record(self.backend, op, tensors) if profiled else None
+        work = LaneWork(result, queued=True, record=event, backend=self.backend)
         with self._cond:
             self.pending += 1
             self._queue.append((body, work, record, owned))
@@ -264,20 +262,30 @@ class Lane:
         return work
 
     def inline(self, body: Callable[[], None], record: Optional[list], owned: bool) -> None:
+        """Run ``body`` on the caller's thread, its ``record`` (if any) shown to the watchdog from its start."""
         if record is None:
             body()
             return
-        self.since, self.current = record[START], record  # since first: the watchdog reads current, then since
+        error = self._execute(body, record, owned, record[START])
+        if error is not None:
+            raise error
+
+    def _execute(
+        self, body: Callable[[], None], record: Optional[list], owned: bool, since: float,
+    ) -> Optional[BaseException]:  # fmt: skip
+        """Run ``body`` with ``record`` as :attr:`current` from ``since``; close the record when ``owned``; return
+        the error ``body`` raised (inline re-raises it, the worker hands it to the waiter)."""
+        if record is not None:
+            self.since, self.current = since, record  # since first: the watchdog reads current, then since
+        error: Optional[BaseException] = None
         try:
             body()
-        except BaseException as exc:
-            self.current = None
-            if owned:
-                RECORDER.fail(record, exc)
-            raise
+        except BaseException as e:  # noqa: BLE001 - returned to the caller, whatever it is
+            error = e
         self.current = None
         if owned:
-            RECORDER.end(record)
+            RECORDER.close(record, error)
+        return error
 
     def call(self, body: Callable[[], None], op: str, tensors: Sequence[torch.Tensor], record: Optional[list] = None,
              owned: bool = False) -> None:  # fmt: skip
@@ -299,19 +307,7 @@ class Lane:
                 body, work, record, owned = self._queue.popleft()
             if body is None:
                 return
-            error: Optional[BaseException] = None
-            if record is not None:
-                self.since, self.current = _now(), record  # the timeout runs from here, not from the queueing
-            try:
-                body()
-            except BaseException as e:  # noqa: BLE001 - handed to the waiter, whatever it is
-                error = e
-            self.current = None
-            if owned:
-                if error is None:
-                    RECORDER.end(record)
-                else:
-                    RECORDER.fail(record, error)
+            error = self._execute(body, record, owned, _now())  # the timeout runs from here, not from the queueing
             with self._cond:
                 self.pending -= 1  # before completing: a future's callback may issue the next call
             work._complete(error)

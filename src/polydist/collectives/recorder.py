@@ -147,6 +147,13 @@ class Recorder:
         if self.keep is not None:
             self.keep.append(record)
 
+    def close(self, record: list, error: Optional[BaseException]) -> None:
+        """:meth:`end` ``record``, or :meth:`fail` it with ``error`` when there is one."""
+        if error is None:
+            self.end(record)
+        else:
+            self.fail(record, error)
+
     def records(self) -> tuple[list, int]:
         """The records the ring holds, oldest first, and how many older ones it dropped."""
         n, size = self.count, self.size

@@ -221,7 +221,6 @@ def _count(res: Any) -> int:
     return getattr(group, "_seq", res.seq)
 
 
-
 def _offsets(hosts: list, clocks: list) -> list:
     """Seconds to subtract from each rank's clock to read rank 0's: 0 on its host, else host medians' difference."""
     by_host: dict = {}
