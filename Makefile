@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy test-slurm clean
+.PHONY: demo test fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy test-slurm test-system clean
 
 setup: $(STAMP)
 
@@ -22,8 +22,16 @@ demo: $(STAMP)
 
 # The whole suite, with the MPI smoke tests also under Open MPI and Intel MPI (tests/backends/test_mpi_runtimes.py);
 # it prints its 25 slowest tests. What belongs in it, and the heavier targets below: docs/contributing.md.
-test: $(STAMP) mpi-runtimes
-	$(BIN)/python -m pytest --durations=25
+# The library and its launch paths (about 12 minutes on 2 cores): every test but the system tests and the engines.
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not engines and not system" --durations=25
+
+# The system tests (tests/conftest.py SYSTEM_FILES, about 20 minutes on 2 cores): whole programs under a launcher
+# (the main job, the examples and tutorials, restarts, checkpoint and resume, fault scenarios read by polydist trace,
+# two nodes on one host, the MPI smoke tests under Open MPI and Intel MPI) and peers' own suites (ignite, PyTorch,
+# Accelerate, Fabric). CI runs it after make test.
+test-system: $(STAMP) mpi-runtimes
+	$(BIN)/python -m pytest -m "system and not engines" --durations=25
 
 # The codec fuzz tests with a long budget (50,000 examples per property, about 5 minutes; make test runs 150).
 fuzz: $(STAMP)

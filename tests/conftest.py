@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import pathlib
 import sys
 
 import pytest
@@ -58,12 +59,40 @@ def backend_kind(request) -> str:
     return request.param
 
 
+# The system tests: whole programs under a launcher and peers' own suites, run by make test-system (CI runs it after
+# make test), which keeps make test, the suite of the library and its launch paths, within ~15 minutes on 2 cores.
+# Marked here by file, as each of these files holds only such tests.
+SYSTEM_FILES = frozenset(
+    "tests/" + path
+    for path in (
+        "backends/test_mpi_runtimes.py",  # the MPI smoke tests under Open MPI and Intel MPI (each its own mpiexec)
+        "docs/test_tutorials.py",  # every tutorial's program, run as the page says
+        "launch/test_idist_launch_forms.py",  # ignite's launcher tests in each launch form
+        "launch/test_multinode.py",  # two nodes emulated on one host
+        "launch/test_restarts.py",  # --max-restarts and torchrun restarts
+        "bench/test_soak.py",  # the soak job
+        "trace/test_scenarios.py",  # fault scenarios read by polydist trace
+        "training/test_checkpoint.py",  # checkpoint, SIGKILL and resume jobs
+        "training/test_examples.py",  # the examples as a user runs them
+        "training/test_main_job.py",  # the main job on each backend
+        "third_party/test_accelerate_mpi.py",  # peers' code and suites, unmodified
+        "third_party/test_fabric_mpi.py",
+        "third_party/test_ignite_engine.py",
+        "third_party/test_ignite_suite.py",
+        "third_party/test_torch_suite.py",
+    )
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """On horovod worlds, skip the tests marked as needing point-to-point, which Horovod lacks (polydist raises
-    NotImplementedError there), or subgroups that only their members create (Horovod's process sets need every rank);
-    outside make test-heavy, skip the tests marked heavy."""
+    """Mark the tests of :data:`SYSTEM_FILES` ``system``. On horovod worlds, skip the tests marked as needing
+    point-to-point, which Horovod lacks (polydist raises NotImplementedError there), or subgroups that only their
+    members create (Horovod's process sets need every rank); outside make test-heavy, skip the tests marked heavy."""
     heavy = os.environ.get("POLYDIST_TEST_HEAVY") == "1"
+    root = pathlib.Path(str(config.rootpath))
     for item in items:
+        if pathlib.Path(str(item.path)).relative_to(root).as_posix() in SYSTEM_FILES:
+            item.add_marker(pytest.mark.system)
         if item.get_closest_marker("heavy") and not heavy:
             item.add_marker(pytest.mark.skip(reason="heavy: make test-heavy runs it"))
         kind = getattr(item, "callspec", None) and item.callspec.params.get("backend_kind")
