@@ -211,12 +211,20 @@ class World:
         return [value for _, value in answers]
 
     def close(self) -> None:
+        self.ask_to_stop()
+        self.wait_stopped()
+
+    def ask_to_stop(self) -> None:
+        """Tell every rank to leave (each then finalizes and exits); :meth:`wait_stopped` waits for them."""
         self.broken = True
         for conn in self.conns:
             try:
                 conn.send(None)
             except OSError:
                 pass
+
+    def wait_stopped(self) -> None:
+        """Wait for the ranks to exit (5 s for a launcher's job, 2 s for a spawned rank), killing any still there."""
         for proc in self.procs:
             if isinstance(proc, subprocess.Popen):  # mpiexec or horovodrun: end the whole job
                 try:
@@ -244,9 +252,12 @@ class WorldPool:
         return world
 
     def close(self) -> None:
-        for world in self._worlds.values():
-            if not world.broken:
-                world.close()
+        """Stop every world, all at once: each rank's exit (finalize, interpreter shutdown) takes a second or two."""
+        live = [world for world in self._worlds.values() if not world.broken]
+        for world in live:
+            world.ask_to_stop()
+        for world in live:
+            world.wait_stopped()
 
 
 if __name__ == "__main__":  # a rank of an mpiexec or horovodrun world
