@@ -255,7 +255,9 @@ def _wait_for_every_rank(state: World, wait: bool = True) -> None:
     for all to have left, so that the rank serving the store does not close it
     while a peer still waits for its answer. Without ``wait`` (at exit, after
     an error) the rank only counts itself in and out, so that peers already
-    in :func:`finalize` need not wait out the timeout for a rank that is gone.
+    in :func:`finalize` need not wait out the timeout for a rank that is gone;
+    rank 0 then still waits (at most ``_COUNT_OUT_S``) for the others to have
+    counted out before its exit takes the store down.
     """
     global _leaves
     _leaves += 1
@@ -276,8 +278,10 @@ def _wait_for_every_rank(state: World, wait: bool = True) -> None:
         return
     try:
         if store.add(f"{key}/out", 1) < state.size:
-            if wait:
-                store.wait([f"{key}/out/all"], timedelta(seconds=_LAST_OUT_S))
+            # Rank 0 usually serves the store (polydist's rendezvous, torch's env:// without an agent): at exit too it
+            # waits, briefly, for the others to be done with it, so that their last add does not meet a closed store.
+            if wait or state.rank == 0:
+                store.wait([f"{key}/out/all"], timedelta(seconds=_LAST_OUT_S if wait else _COUNT_OUT_S))
         else:
             store.set(f"{key}/out/all", b"1")
     except Exception:  # noqa: BLE001 - every rank arrived; the store's host may already be gone
