@@ -33,7 +33,7 @@ import torch
 from torch.futures import Future
 
 from .._torch import WorkBase
-from ..collectives.recorder import RECORDER, START
+from ..collectives.recorder import COMPLETED, END, RECORDER, START, STARTED, STATE
 
 __all__ = ["Lane", "LaneWork", "DoneWork", "StatusRequest", "profiling"]
 
@@ -269,6 +269,24 @@ class Lane:
         error = self._execute(body, record, owned, record[START])
         if error is not None:
             raise error
+
+    def inline_call(self, record: list, owned: bool, fn: Callable[..., Any], *args: Any) -> None:
+        """:meth:`inline` of ``fn(*args)`` with a ``record`` (not None), flattened: the lean all-reduce's path,
+        where each Python call saved is a tenth of the MPI call's time."""
+        self.since, self.current = record[START], record
+        try:
+            fn(*args)
+        except BaseException as e:
+            self.current = None
+            if owned:
+                RECORDER.fail(record, e)
+            raise
+        self.current = None
+        if owned and record[STATE] is STARTED:  # RECORDER.end, inline
+            record[END] = _now()
+            record[STATE] = COMPLETED
+            if RECORDER.keep is not None:
+                RECORDER.keep.append(record)
 
     def _execute(
         self, body: Callable[[], None], record: Optional[list], owned: bool, since: float,

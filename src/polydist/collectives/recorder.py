@@ -116,7 +116,7 @@ class Recorder:
         outside polydist and torch. ``ring`` False: a record for the group's
         watchdog only, not kept in the ring (``POLYDIST_TRACE=0``).
         """
-        frame = _outside(sys._getframe(2), _LIBRARIES)
+        frame = _outside(sys._getframe(3), _LIBRARIES)  # 2: the group method (polydist); 3 saves one step
         if type(x) is torch.Tensor:
             dtype, shape = x.dtype, x.shape
         else:

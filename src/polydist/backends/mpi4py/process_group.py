@@ -128,8 +128,11 @@ class MPIProcessGroup(PythonProcessGroup):
     def _lean_allreduce(self, t: torch.Tensor, plan: tuple) -> None:
         """All-reduce contiguous CPU ``t`` in place by its learnt ``plan`` (recorded, watched), on this thread."""
         record, owned = self._begin("all_reduce", (t,), None, plan[3], False)
-        self._lane.inline(lambda: self.comm.Allreduce(_mpi.MPI.IN_PLACE, _mpi.cached_buffer(t, plan[0]), plan[1]),
-                          record, owned)  # fmt: skip
+        buf = _mpi.cached_buffer(t, plan[0])
+        if record is None:
+            self.comm.Allreduce(_mpi.MPI.IN_PLACE, buf, plan[1])
+        else:
+            self._lane.inline_call(record, owned, self.comm.Allreduce, _mpi.MPI.IN_PLACE, buf, plan[1])
         if plan[2]:
             t.div_(self.comm.Get_size())
 
