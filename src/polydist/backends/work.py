@@ -33,7 +33,7 @@ import torch
 from torch.futures import Future
 
 from .._torch import WorkBase
-from ..collectives.recorder import COMPLETED, END, RECORDER, START, STARTED, STATE
+from ..collectives.recorder import RECORDER, START
 
 __all__ = ["Lane", "LaneWork", "DoneWork", "StatusRequest", "profiling"]
 
@@ -282,11 +282,8 @@ class Lane:
                 RECORDER.fail(record, e)
             raise
         self.current = None
-        if owned and record[STATE] is STARTED:  # RECORDER.end, inline
-            record[END] = _now()
-            record[STATE] = COMPLETED
-            if RECORDER.keep is not None:
-                RECORDER.keep.append(record)
+        if owned:
+            RECORDER.end(record)
 
     def _execute(
         self, body: Callable[[], None], record: Optional[list], owned: bool, since: float,
