@@ -1,7 +1,13 @@
-"""Starting processes: ``spawn``, ``Parallel`` and the engine behind ``polydist run``.
+"""Starting processes on PyTorch's elastic agent: the engine behind ``spawn``, ``Parallel`` and ``polydist run``.
 
-All three go through PyTorch's elastic agent (``torch.distributed.launcher``,
-the machinery of ``torchrun``): no home-made process manager. Single-node jobs
+``spawn``/``Parallel`` and ``polydist run`` start their processes here, through
+PyTorch's elastic agent (``torch.distributed.launcher``, the machinery of
+``torchrun``): no home-made process manager. Not here: ``polydist run
+--backend mpi`` starts its ranks with the MPI library's ``mpiexec``
+(:mod:`~polydist.launch.mpiexec`); ``spawn`` with backend "horovod" with
+``horovod.run`` (:mod:`~polydist.launch.horovod`); with a backend that has its
+own launcher (the registry's ``start_processes``: xla-tpu's ``xmp.spawn``),
+with that. Single-node jobs
 meet on a stand-alone c10d rendezvous whose TCP store binds port 0 on loopback,
 so the OS picks a free port and two jobs on one machine never collide.
 Multi-node jobs use torchrun's static rendezvous at ``master_addr:master_port``,
