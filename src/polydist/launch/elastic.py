@@ -18,7 +18,7 @@ between restarts. When any worker fails, the agent stops the others; with
 its traceback on stderr; the workers read :func:`polydist.restart_count`),
 else the launcher raises :class:`~polydist.errors.WorkerFailedError` naming
 the failed ranks with their tracebacks. Workers die with their launcher, also
-one killed with SIGKILL (:func:`polydist.launch.worker_side.die_with_parent`). A worker that stays stopped
+one killed with SIGKILL (:func:`polydist.launch.process_setup.die_with_parent`). A worker that stays stopped
 (``SIGSTOP``) is found by the agent's monitor loop and ended like a failed one
 (:mod:`polydist.launch.liveness`), after the others wrote their dumps.
 """
@@ -42,7 +42,7 @@ from ..errors import WorkerFailedError
 from ..trace.dump import DUMP_NOTE
 from .liveness import NO_TRACEBACK, Watch, end_frozen, note_of
 from .restarts import announce, check_max_restarts, exhausted
-from .worker_side import PEER_GONE
+from .process_setup import PEER_GONE
 
 __all__ = ["launch"]
 
