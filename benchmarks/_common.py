@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import polydist as pd
 from polydist.bench.records import Record, format_table, run_metadata, write_json, write_markdown
-from polydist.bench.units import parse_size, size_range
+from polydist.units import parse_size, size_range
 
 # Raw torch.distributed, under the names of the PyTorch at hand (2.13 renamed the *_tensor forms to *_single).
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -26,7 +26,7 @@ import torch
 import polydist as pd
 from polydist.bench.records import Record
 from polydist.bench.timing import measure_many
-from polydist.bench.units import format_size
+from polydist.units import format_size
 
 WIDTH = 16  # float32 columns per row: 64-byte rows
 

@@ -46,7 +46,7 @@ import torch
 import polydist as pdist
 from polydist.bench.records import Record, format_table
 from polydist.bench.timing import measure_many
-from polydist.bench.units import format_size, parse_size
+from polydist.units import format_size, parse_size
 
 RING, ALL_REDUCE = "ring (isend/recv)", "polydist.all_reduce"
 

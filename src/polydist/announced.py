@@ -18,7 +18,7 @@ start a world of its own (``torch.multiprocessing.spawn``).
 
 from __future__ import annotations
 
-from ._launchers import UNNAMED, who
+from .launch._launchers import UNNAMED, who
 from .backends import registry
 from .environment import ProcessInfo, mpi_initialized
 from .errors import WorldMismatchError

@@ -3,7 +3,7 @@
 :func:`detect` reads environment variables (never writes them) and describes
 the process alike whichever launcher started it. The launchers, in order of
 precedence, with the variables that mark them (their readers, in
-:mod:`polydist._launchers`, list all that are read):
+:mod:`polydist.launch._launchers`, list all that are read):
 
 =========  ===================================================================================
 torchrun   torchrun, ``polydist.spawn``, any PyTorch elastic agent (TORCHELASTIC_RUN_ID)
@@ -36,7 +36,7 @@ Slurm is the launcher only when srun started the process: a batch script or
 SLURM_STEP_ID (or a special batch/extern/interactive one); it is one process,
 so serial, with a ``note`` saying why. The master address is the first host of
 the step's node list (task 0 runs there under the block, cyclic and plane
-distributions), expanded without ``scontrol`` (:mod:`polydist._slurm`); the port is
+distributions), expanded without ``scontrol`` (:mod:`polydist.launch._slurm`); the port is
 :func:`slurm_port`.
 MASTER_ADDR and MASTER_PORT, when set, beat anything derived.
 
@@ -52,8 +52,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Tuple
 
-from ._launchers import LAYOUT, PET, READERS, Claim, elastic, first_set, read_int, slurm_port
-from ._slurm import expand_nodelist
+from .launch._launchers import LAYOUT, PET, READERS, Claim, elastic, first_set, read_int, slurm_port
+from .launch._slurm import expand_nodelist
 from .settings import RESTART_COUNT
 
 __all__ = ["ProcessInfo", "detect", "expand_nodelist", "slurm_port", "restart_count", "launcher", "mpi_initialized", "mpi_job"]

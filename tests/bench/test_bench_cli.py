@@ -12,7 +12,7 @@ import torch.distributed as dist
 from polydist.bench import cli as bench
 from polydist.bench import report as bench_report
 from polydist.bench.records import Record, read_json
-from polydist.bench.units import KiB, MiB, busbw_factor, size_range
+from polydist.units import KiB, MiB, busbw_factor, size_range
 from conftest import ROOT
 
 QUICK = ["-n", "2", "-w", "1", "--repeats", "2"]  # smoke timing: proves the path, the numbers mean nothing

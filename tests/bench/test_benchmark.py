@@ -9,7 +9,7 @@ import pytest
 
 from polydist.bench.records import Record, format_table, read_json, run_metadata, write_json, write_markdown
 from polydist.bench.timing import Timing, measure, measure_many
-from polydist.bench.units import GiB, KiB, MiB, bandwidths, busbw_factor, format_size, parse_size, size_range
+from polydist.units import GiB, KiB, MiB, bandwidths, busbw_factor, format_size, parse_size, size_range
 from conftest import ROOT
 
 

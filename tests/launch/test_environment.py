@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from polydist import _launchers, cli, environment
+from polydist import cli, environment
+from polydist.launch import _launchers
 from polydist.environment import ProcessInfo, detect, expand_nodelist, slurm_port
 from _world import mpi_flavor, mpi_job_env
 

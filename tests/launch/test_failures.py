@@ -220,7 +220,7 @@ def test_killed_launcher_leaves_no_orphans(cli_env, tmp_path, launcher):
 
 
 def test_worker_whose_launcher_is_already_gone_exits(cli_env):
-    code = "from polydist.launch.worker_side import die_with_parent; die_with_parent(2 ** 22 + 1); print('still here')"
+    code = "from polydist.launch.process_setup import die_with_parent; die_with_parent(2 ** 22 + 1); print('still here')"
     out = _run([sys.executable, "-c", code], cli_env, timeout=60)
     if sys.platform.startswith("linux"):
         assert out.returncode == 1 and "is gone; this worker exits" in out.stderr and "still here" not in out.stdout

@@ -75,19 +75,19 @@ def test_horovod_ranks_outside_a_subgroup_finish_first_10_times(importable, monk
 
 
 def test_the_launchers_turn_torchs_flight_recorder_on_unless_the_user_set_it(monkeypatch):
-    from polydist.launch import worker_side
+    from polydist.launch import process_setup
 
     for variable in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "OMP_NUM_THREADS"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # leave this process's threads alone
-    worker_side.worker_setup()
-    assert os.environ["TORCH_FR_BUFFER_SIZE"] == str(worker_side.FR_ENTRIES)
+    process_setup.worker_setup()
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == str(process_setup.FR_ENTRIES)
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
-    worker_side.worker_setup()
+    process_setup.worker_setup()
     assert os.environ["TORCH_FR_BUFFER_SIZE"] == "0"
     monkeypatch.delenv("TORCH_FR_BUFFER_SIZE")
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
-    worker_side.worker_setup()
+    process_setup.worker_setup()
     assert "TORCH_FR_BUFFER_SIZE" not in os.environ
 
 

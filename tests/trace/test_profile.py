@@ -17,7 +17,7 @@ import torch
 import polydist as pd
 from _world import mpi_job_env
 from conftest import _mpi_missing
-from polydist.bench.units import busbw_factor
+from polydist.units import busbw_factor
 from polydist.collectives.recorder import RECORDER
 from polydist.trace import profile
 from polydist.trace.profile import _pack
@@ -93,7 +93,7 @@ def test_summarize_synthetic_calls():
 
 def test_torchs_operation_names_have_their_collectives_bandwidth():
     """FSDP2's and DDP's calls reach the Python groups under torch's names: the same size rule and busbw factor."""
-    from polydist.bench.units import FAMILY, bandwidths
+    from polydist.units import FAMILY, bandwidths
 
     for torch_name, family in FAMILY.items():
         assert busbw_factor(torch_name, 4) == busbw_factor(family, 4) is not None

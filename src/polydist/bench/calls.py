@@ -6,7 +6,7 @@ the device) and return the zero-argument calls that ``--api polydist`` and
 call giving the same result on the same group, which writes into outputs made
 once as nccl-tests does. The size is rounded down to whole elements, and to a
 multiple of the rank count where the collective splits it
-(:mod:`polydist.bench.units` tells which buffer the size is).
+(:mod:`polydist.units` tells which buffer the size is).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ element size; time in **µs** per call; ``algbw = S / time`` and ``busbw =
 algbw × factor`` in **GB/s = 1e9 B/s**, factor (n ranks) ``2(n-1)/n`` for
 all_reduce, ``(n-1)/n`` for all_gather, reduce_scatter, all_to_all, gather and
 scatter, 1 for broadcast, reduce and send_recv
-(:data:`polydist.bench.units.BUSBW_FACTORS`). send_recv is nccl-tests'
+(:data:`polydist.units.BUSBW_FACTORS`). send_recv is nccl-tests'
 sendrecv: every rank sends S bytes to the next rank and receives S from the
 previous one, at once.
 
@@ -83,7 +83,7 @@ from .config import parser as _parser  # the name main and the tests parse with
 from .records import Record, read_json, run_metadata, write_json
 from .report import CEILING, add_fractions, format_report, memory_ceiling, plot
 from .timing import measure_many
-from .units import format_size
+from ..units import format_size
 
 __all__ = [
     "COLLECTIVES", "CEILING", "BenchConfig", "add_parser", "config_from_args", "run", "main",

@@ -18,7 +18,7 @@ import torch
 from .. import context, settings
 from ..launch import mpiexec
 from ..ops import check_op_dtype, resolve_op
-from .units import parse_size, size_range
+from ..units import parse_size, size_range
 
 __all__ = [
     "COLLECTIVES", "REDUCING", "ROOTED", "MPI_BACKENDS", "BenchConfig", "add_parser", "parser", "config_from_args",

@@ -3,7 +3,7 @@
 Its one job is what happens to a time once measured: a :class:`Record` is one
 (collective, implementation, size) point made from a
 :class:`~polydist.bench.timing.Timing`, with bandwidths in the units of
-:mod:`polydist.bench.units`; :func:`format_table` lays records side by side
+:mod:`polydist.units`; :func:`format_table` lays records side by side
 (times in µs, bandwidths in GB/s); :func:`run_metadata`, :func:`write_json`,
 :func:`read_json` and :func:`write_markdown` store them with the facts of the
 run that produced them.
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from .. import settings
 from .timing import Timing, _distributed
-from .units import bandwidths, format_bandwidth
+from ..units import bandwidths, format_bandwidth
 
 __all__ = ["Record", "format_table", "run_metadata", "write_json", "read_json", "write_markdown"]
 
@@ -38,7 +38,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 class Record:
     """One measured (collective, implementation, size) point.
 
-    ``size`` in bytes (nccl-tests convention, see :mod:`polydist.bench.units`),
+    ``size`` in bytes (nccl-tests convention, see :mod:`polydist.units`),
     ``time_s`` the median per-call seconds (max over ranks), bandwidths in
     GB/s (1e9 B/s). A failed point has ``time_s`` None and ``error`` set;
     ``wrong`` marks a point whose result was checked and found wrong.

@@ -15,7 +15,7 @@ import numpy as np
 
 from .records import Record, format_table
 from .timing import measure
-from .units import aligned_columns, busbw_factor, format_size
+from ..units import aligned_columns, busbw_factor, format_size
 
 __all__ = ["CEILING", "memory_ceiling", "add_fractions", "format_report", "plot"]
 

@@ -9,7 +9,7 @@ depending on it; with no process group (serial, world size 1) it times
 locally. Times are in **seconds**, as nccl-tests takes them: the mean time of
 one call over ``iters`` back-to-back calls, the maximum over ranks (the
 collective is as slow as its slowest rank), then the median over ``repeats``
-such blocks. Sizes and bandwidths are in :mod:`polydist.bench.units`;
+such blocks. Sizes and bandwidths are in :mod:`polydist.units`;
 records, tables and results files in :mod:`polydist.bench.records`.
 """
 

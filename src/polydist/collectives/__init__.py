@@ -1,8 +1,9 @@
 """The collectives and point-to-point calls, with value semantics.
 
 Every call takes the one path of :mod:`~polydist.collectives.pipeline`
-(group → non-member → serial → root → sequence number → flight recorder →
-debug fingerprint → timeout naming → backend). :mod:`~polydist.collectives.reduce` (all_reduce,
+(world, or the serial result without a process group → resolve group →
+non-member → root check → sequence number → flight recorder → debug
+fingerprint → timeout naming → backend). :mod:`~polydist.collectives.reduce` (all_reduce,
 reduce, reduce_scatter; numbers in :mod:`~polydist.collectives.numbers`),
 :mod:`~polydist.collectives.broadcast` (broadcast, barrier),
 :mod:`~polydist.collectives.gather` (all_gather, gather),

@@ -1,7 +1,13 @@
-"""Starting processes: ``spawn``, ``Parallel`` and the engine behind ``polydist run``.
+"""Starting processes on PyTorch's elastic agent: the engine behind ``spawn``, ``Parallel`` and ``polydist run``.
 
-All three go through PyTorch's elastic agent (``torch.distributed.launcher``,
-the machinery of ``torchrun``): no home-made process manager. Single-node jobs
+``spawn``/``Parallel`` and ``polydist run`` start their processes here, through
+PyTorch's elastic agent (``torch.distributed.launcher``, the machinery of
+``torchrun``): no home-made process manager. Not here: ``polydist run
+--backend mpi`` starts its ranks with the MPI library's ``mpiexec``
+(:mod:`~polydist.launch.mpiexec`); ``spawn`` with backend "horovod" with
+``horovod.run`` (:mod:`~polydist.launch.horovod`); with a backend that has its
+own launcher (the registry's ``start_processes``: xla-tpu's ``xmp.spawn``),
+with that. Single-node jobs
 meet on a stand-alone c10d rendezvous whose TCP store binds port 0 on loopback,
 so the OS picks a free port and two jobs on one machine never collide.
 Multi-node jobs use torchrun's static rendezvous at ``master_addr:master_port``,
@@ -12,7 +18,7 @@ between restarts. When any worker fails, the agent stops the others; with
 its traceback on stderr; the workers read :func:`polydist.restart_count`),
 else the launcher raises :class:`~polydist.errors.WorkerFailedError` naming
 the failed ranks with their tracebacks. Workers die with their launcher, also
-one killed with SIGKILL (:func:`polydist.launch.worker_side.die_with_parent`). A worker that stays stopped
+one killed with SIGKILL (:func:`polydist.launch.process_setup.die_with_parent`). A worker that stays stopped
 (``SIGSTOP``) is found by the agent's monitor loop and ended like a failed one
 (:mod:`polydist.launch.liveness`), after the others wrote their dumps.
 """
@@ -36,7 +42,7 @@ from ..errors import WorkerFailedError
 from ..trace.dump import DUMP_NOTE
 from .liveness import NO_TRACEBACK, Watch, end_frozen, note_of
 from .restarts import announce, check_max_restarts, exhausted
-from .worker_side import PEER_GONE
+from .process_setup import PEER_GONE
 
 __all__ = ["launch"]
 

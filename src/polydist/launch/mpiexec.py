@@ -8,7 +8,7 @@ the Python interpreter first (where the ``mpich`` wheel installs it), then on
 end every rank; before that it writes its traceback into the directory named by
 ``$POLYDIST_FAILURE_DIR``, from which :func:`run` reports the failing rank. A
 rank that is killed writes nothing: :func:`run` watches the ranks' pids (from
-their pid files, :func:`polydist.launch.worker_side.record_pid`) and names the one that ended first, else
+their pid files, :func:`polydist.launch.process_setup.record_pid`) and names the one that ended first, else
 the one ``mpiexec``'s report names. ``mpiexec`` dies with the process that runs
 it (Linux), and takes its ranks down. Before a job ends on a failure, the
 other ranks write their flight-recorder dumps (:mod:`polydist.trace.dump`): a
@@ -38,7 +38,7 @@ from ..settings import FAILURE_DIR
 from .liveness import NO_TRACEBACK, Watch, end_frozen
 from ..trace.dump import EXIT_NOTICES
 from ..errors import WorkerFailedError
-from .worker_side import death_signal_setter, pids, rank_files
+from .process_setup import death_signal_setter, pids, rank_files
 
 __all__ = ["find", "run"]
 

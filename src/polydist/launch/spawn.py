@@ -18,7 +18,7 @@ from ..backends import registry
 from .horovod import spawn_horovod
 from .trace_dir import job_trace_dir
 from .elastic import _check_positive, check_node_rank, launch
-from .worker_side import die_with_parent, worker_errors, worker_setup
+from .process_setup import die_with_parent, worker_errors, worker_setup
 
 __all__ = ["spawn", "Parallel"]
 

@@ -34,9 +34,10 @@ train.py:95``); :meth:`Diagnosis.as_dict` gives it as JSON-ready data.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
+from .findings import Disagreement, Findings, Stuck, Waiter, Where
 from .reader import Call, Dump, Dumps, Problem, Site, innermost, load, raised_at
 from .words import describe, label, render
 
@@ -48,76 +49,8 @@ _SAME_SHAPES = frozenset({"all_reduce", "reduce", "broadcast", "reduce_scatter",
 
 
 @dataclass
-class Where:
-    """Where one rank is, for a finding about a call it is not waiting in.
-
-    ``relation`` to that call: "completed" (it did its part), "never called",
-    "peer" (the other side of a point-to-point call), "unknown" (no dump, an
-    unreadable one, or the recorder was off). ``kind``: "in call" (its last
-    call has not completed: ``call``), "failed" (its last call failed:
-    ``call``), "raised" (it dumped for an exception, ``error``, raised at
-    ``site``: the innermost frame of user code of its traceback, None without
-    one), "user code" / "library code" (the innermost frame of its main
-    thread outside polydist, torch and the standard library / of any kind:
-    ``site``), "no stack", "no dump", "unreadable". With "raised", "user code",
-    "library code" and "no stack", ``last`` is its last call, completed
-    ``seconds`` before its dump.
-    """
-
-    rank: int
-    relation: str
-    kind: str
-    call: Optional[Call] = None
-    site: Optional[Site] = None
-    last: Optional[Call] = None
-    seconds: Optional[float] = None
-    error: Optional[str] = None
-
-
-@dataclass
-class Waiter:
-    """A rank in the stuck call: waiting ``seconds`` so far (state "started") or until it failed."""
-
-    rank: int
-    call: Call
-    seconds: float
-
-
-@dataclass
-class Stuck:
-    """A call that some ranks wait in or failed in: ``seq`` on ``group`` (None: a point-to-point ``waiting[0]``)."""
-
-    group: tuple
-    seq: Optional[int]
-    waiting: list
-    others: list  # Where, one per other member (the peer for point-to-point)
-
-
-@dataclass
-class Disagreement:
-    """The first call ``seq`` on ``group`` that members made differently; ``calls``: rank -> its call."""
-
-    group: tuple
-    seq: int
-    calls: dict
-
-
-@dataclass
-class Diagnosis:
+class Diagnosis(Findings):
     """All :func:`diagnose` found; :meth:`text` says it in plain lines, :meth:`as_dict` for tools."""
-
-    directory: str
-    world_size: Optional[int]
-    dumps: list  # Dump, by rank
-    problems: list  # Problem
-    missing: list  # ranks of the world with no dump file at all
-    stuck: list = field(default_factory=list)
-    disagreements: list = field(default_factory=list)
-
-    @property
-    def healthy(self) -> bool:
-        """True when nothing is stuck, nothing disagrees, and every rank's dump was read."""
-        return not (self.stuck or self.disagreements or self.missing or self.problems)
 
     def text(self) -> str:
         """The diagnosis as lines of plain text (:mod:`.words`; sample in :mod:`polydist.trace.cli`)."""

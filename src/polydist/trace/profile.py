@@ -150,7 +150,7 @@ def comms_profile(group: GroupLike = None, *, show: bool = True) -> CommsProfile
 
     Figures, one row per (collective, group size, size bucket). A
     collective *call* is one sequence number of one group. Its *size* is
-    nccl-tests' (:mod:`polydist.bench.units`): the sum of the ranks' tensor
+    nccl-tests' (:mod:`polydist.units`): the sum of the ranks' tensor
     bytes for all_gather and gather (the gathered buffer), the largest
     rank's otherwise (all_reduce's tensor, scatter's input on src,
     all_to_all's whole send buffer); calls of Python values have none
@@ -169,7 +169,7 @@ def comms_profile(group: GroupLike = None, *, show: bool = True) -> CommsProfile
     A row gives calls; bytes, the sum of call sizes; total and median time;
     algbw = mean size / median time and busbw = algbw × nccl-tests' factor
     for the group size, in GB/s = 1e9 B/s
-    (:func:`~polydist.bench.units.bandwidths`); the median and total
+    (:func:`~polydist.units.bandwidths`); the median and total
     spread, in seconds. A call that some member did not complete (it failed
     there, or started before the profile) counts in calls and bytes only,
     as *partial*. Point-to-point calls have no sequence number to match

@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 from typing import Any, Optional
 
-from ..bench.units import FAMILY, GiB, KiB, MiB, aligned_columns, bandwidths, format_bandwidth, format_size
+from ..units import FAMILY, GiB, KiB, MiB, aligned_columns, bandwidths, format_bandwidth, format_size
 
 __all__ = ["summarize", "format_profile", "bucket", "GATHERED", "FAILED_CALL", "VALUE_CALL"]
 

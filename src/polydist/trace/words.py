@@ -20,13 +20,11 @@ to 0.1 s.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import Iterable, Optional
 
 from ..collectives.debug import describe_tensor
+from .findings import Disagreement, Findings, Stuck, Waiter, Where
 from .reader import Call, Dump, Site, innermost, raised_at
-
-if TYPE_CHECKING:  # the findings' types; .analyze imports this module
-    from .analyze import Diagnosis, Disagreement, Stuck, Waiter, Where
 
 __all__ = ["render", "describe", "label", "brief"]
 
@@ -101,7 +99,7 @@ def label(call: Call, on: Optional[tuple] = None) -> str:
 class _Words:
     """How one diagnosis names files (short, unambiguous), places and calls."""
 
-    def __init__(self, found: Diagnosis) -> None:
+    def __init__(self, found: Findings) -> None:
         # The files a finding can name: call sites, each main thread's innermost frame, where errors were raised.
         sites = [site for d in found.dumps for site in (innermost(d.stacks)[0], raised_at(d)[0]) if site]
         paths = {c.file for d in found.dumps for c in d.calls} | {s.file for s in sites}
@@ -216,7 +214,7 @@ class _Words:
         return text
 
 
-def render(found: Diagnosis) -> list:
+def render(found: Findings) -> list:
     """The lines of :meth:`~polydist.trace.analyze.Diagnosis.text` (see the module docstring)."""
     words = _Words(found)
     size = f" of {found.world_size}" if found.world_size is not None else ""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._slurm import first_host
-from .settings import LAUNCHER
+from ..settings import LAUNCHER
 
 __all__ = [
     "LAYOUT", "Claim", "READERS", "read_int", "first_set", "elastic", "slurm_port", "PET", "TASK_COUNT", "UNNAMED", "who",
