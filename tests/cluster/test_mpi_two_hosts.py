@@ -3,8 +3,8 @@ each, started by one mpiexec on host 0 whose launcher enters each host's namespa
 ``-launcher-exec``, Open MPI with ``plm_rsh_agent`` (the wrapper ``ssh`` would be on a cluster). Each rank's
 place and three collectives (tensor all_reduce, value all_gather, any-shape all_gather) are checked, and the
 veth's byte counters show the traffic crossed the link. The main job (examples/train_digits.py) trains there
-to the README's accuracy, and a host whose link drops mid-job ends the job, under gloo and under MPI's own
-collectives."""
+to the README's accuracy, the world tests of tests/collectives run on mpi and gloo worlds spread over the two
+hosts, and a host whose link drops mid-job ends the job, under gloo and under MPI's own collectives."""
 
 import json
 import os
