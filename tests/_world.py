@@ -15,6 +15,7 @@ test), so a hang fails fast.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import shutil
@@ -30,6 +31,11 @@ from typing import Any, Callable
 
 ANSWER_TIMEOUT_S = 60.0
 COLLECTIVE_TIMEOUT_S = 45.0
+# make test-slurm puts the mpi and gloo worlds' ranks on two hosts (tests/cluster/test_mpi_two_hosts.py): the
+# start of its mpiexec command (a JSON list: hosts, the launcher entering each), which then starts the gloo
+# worlds too (rendezvous mpi://), and the address the ranks call home to.
+MPIEXEC_ACROSS_HOSTS = os.environ.get("POLYDIST_TEST_MPIEXEC", "")
+HOME_ADDR = os.environ.get("POLYDIST_TEST_HOME_ADDR", "127.0.0.1")
 
 
 def _serve(rank: int, size: int, init_method: str, how: str, conn) -> None:
@@ -68,7 +74,7 @@ class WorldError(AssertionError):
 
 def _serve_launched(port: int, how: str) -> None:
     """Entry of a rank started by mpiexec or horovodrun: call home to the test process, then serve it."""
-    if how == "mpi":
+    if how in ("mpi", "polydist"):
         from mpi4py import MPI
 
         rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
@@ -78,9 +84,9 @@ def _serve_launched(port: int, how: str) -> None:
     # resource sharer, which authenticates with the process authkey: use the test
     # process's, as spawned children do.
     mp.current_process().authkey = bytes.fromhex(os.environ.pop("POLYDIST_TEST_AUTHKEY"))
-    conn = Connection(socket.create_connection(("127.0.0.1", port)).detach())
+    conn = Connection(socket.create_connection((HOME_ADDR, port)).detach())
     conn.send(rank)
-    _serve(rank, size, f"{how}://", how, conn)
+    _serve(rank, size, "mpi://" if how == "polydist" else f"{how}://", how, conn)
 
 
 def mpiexec() -> str:
@@ -139,7 +145,7 @@ class World:
         self._dir = tempfile.mkdtemp(prefix="polydist-world-")
         self.conns, self.procs = [], []
         self.broken = True  # until every rank is ready
-        if how in ("mpi", "horovod"):
+        if how in ("mpi", "horovod") or (how == "polydist" and MPIEXEC_ACROSS_HOSTS):
             self._start_launched()
         else:
             ctx = mp.get_context("spawn")
@@ -156,7 +162,7 @@ class World:
 
     def _start_launched(self) -> None:
         """``mpiexec -n size python _world.py PORT mpi`` (or horovodrun's); each rank connects back and says its rank."""
-        server = socket.create_server(("127.0.0.1", 0))
+        server = socket.create_server((HOME_ADDR, 0))
         server.settimeout(ANSWER_TIMEOUT_S * 2)
         here = os.path.dirname(os.path.abspath(__file__))
         # The ranks unpickle test functions by module name: give them this process's import path, as
@@ -164,7 +170,7 @@ class World:
         path = [here, *(p for p in sys.path if p and os.path.isdir(p)), os.environ.get("PYTHONPATH")]
         env = dict(os.environ, POLYDIST_TEST_AUTHKEY=mp.current_process().authkey.hex(),
                    PYTHONPATH=os.pathsep.join(dict.fromkeys(filter(None, path))))
-        if self.how == "mpi":
+        if self.how != "horovod":
             env = mpi_job_env(env)
         else:
             for name in [k for k in env if k.startswith(LAUNCHER_VARIABLES)]:
@@ -172,7 +178,8 @@ class World:
             env["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"  # subgroups (process sets); the world tests marked subgroups
         port = str(server.getsockname()[1])
         n = str(self.size)
-        launcher = [mpiexec(), "-n", n] if self.how == "mpi" else [horovodrun(), "-np", n, "-H", f"localhost:{n}", "--gloo"]
+        mpi = [*json.loads(MPIEXEC_ACROSS_HOSTS), "-n", n] if MPIEXEC_ACROSS_HOSTS else [mpiexec(), "-n", n]
+        launcher = mpi if self.how != "horovod" else [horovodrun(), "-np", n, "-H", f"localhost:{n}", "--gloo"]
         self.procs.append(
             subprocess.Popen([*launcher, sys.executable, __file__, port, self.how], env=env, start_new_session=True)
         )

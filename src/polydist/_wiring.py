@@ -32,6 +32,8 @@ def wire() -> None:
     # in finalize(), while the group lives, in this order: debug mode's leaving check, then the profile's table
     context.on_finalize.append(debug.check_leaving)
     context.on_finalize.append(profile.end_session)
+    # while finalize waits for the other ranks: MPI's progress, which a peer still in a collective may need
+    context.while_leaving.append(mpi_job.progress)
     # a collective timed out: its dump, named in the error's notes
     timeouts.on_timeout.append(dump.timed_out)
     # MPI_Abort ends every rank at once: this one's dump first

@@ -19,6 +19,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -172,10 +173,12 @@ def _check_announced(info: ProcessInfo, pg: "dist.ProcessGroup", owned: bool) ->
 # Hooks of the modules that build on this one (which therefore cannot be imported
 # here), called with no argument and filled in one place, polydist._wiring.
 # on_world_made: whenever a world is made or adopted, from any thread;
-# on_initialized: at the end of initialize(); on_finalize: in finalize(), while the group lives.
+# on_initialized: at the end of initialize(); on_finalize: in finalize(), while the group lives;
+# while_leaving: over and over while finalize waits for the other ranks on the store (MPI's progress).
 on_world_made: list = []
 on_initialized: list = []
 on_finalize: list = []
+while_leaving: list = []
 
 
 def _world_made() -> None:
@@ -244,6 +247,7 @@ def leave(wait: bool) -> None:
 
 _leaves = 0  # finalize barriers so far in this process: the same count on every rank of a job
 _COUNT_OUT_S = 2.0  # how long an exit without waiting may spend counting itself out on the store
+_LOOK_S = 0.02  # between looks at the store while finalize waits
 _LAST_OUT_S = 10.0  # how long a rank waits for the others to read the store before it may take it down
 
 
@@ -269,7 +273,7 @@ def _wait_for_every_rank(state: World, wait: bool = True) -> None:
         if store.add(key, 1) == state.size:
             store.set(f"{key}/all", b"1")
         if wait:
-            store.wait([f"{key}/all"], timedelta(seconds=limit))
+            _wait_key(store, f"{key}/all", limit)
     except Exception as exc:  # noqa: BLE001 - a rank gone, a store gone: leave anyway, as before
         if wait:
             print(f"polydist: finalize: rank {state.rank} did not see every rank of the world of {state.size} reach "
@@ -286,6 +290,23 @@ def _wait_for_every_rank(state: World, wait: bool = True) -> None:
             store.set(f"{key}/out/all", b"1")
     except Exception:  # noqa: BLE001 - every rank arrived; the store's host may already be gone
         pass
+
+
+def _wait_key(store: Any, key: str, limit: float) -> None:
+    """Wait at most ``limit`` s for ``key`` on ``store``, running :data:`while_leaving` between short looks.
+
+    Not one ``store.wait``: a transport with weak progress (Open MPI) may
+    complete this rank's part of its last collective while a peer's part still
+    needs this rank's MPI calls to arrive (seen across two hosts: host 0's ranks
+    out of an all_gather and waiting here, host 1's still in it, for ever).
+    """
+    deadline = time.monotonic() + limit
+    while not store.check([key]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{key} not set within {limit:g} s")
+        for hook in while_leaving:
+            hook()
+        time.sleep(_LOOK_S)
 
 
 # ---------------------------------------------------------------- state

@@ -55,6 +55,19 @@ def world_store(comm: Any, timeout: timedelta) -> Any:
     return serve_store(rank, size, timeout, all_gather_rows, broadcast_port, "mpi")
 
 
+def progress() -> None:
+    """Let MPI move this rank's messages, if MPI is up (nothing otherwise; MPI is not started for it).
+
+    Open MPI moves messages only inside MPI calls ("weak progress", which the
+    MPI standard's progress rule allows): a send that has completed here may
+    still need a later call of this rank before its receiver, on another host,
+    gets all of it. An ``Iprobe`` is such a call, and receives nothing.
+    """
+    mpi = _mpi.MPI
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Iprobe()
+
+
 def install_abort_hook() -> None:
     """Make an uncaught exception on this rank print its traceback and abort the whole MPI job.
 
