@@ -23,7 +23,7 @@ from .direct import DirectProcessGroup
 
 __all__ = [
     "Backend", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
-    "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "DIRECT", "SLOTS", "adopt_any", "registrar", "resolve_once_registered",
+    "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS", "adopt_any", "registrar", "resolve_once_registered",
 ]
 
 # How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
@@ -185,6 +185,29 @@ def declare(entry: Backend) -> Backend:
     if entry.reductions is not None:
         ops.declare(entry.reductions)
     return entry
+
+
+ENTRY_POINT_GROUP = "polydist.backends"
+_discovered: list = []
+
+
+def discover() -> None:
+    """Import every module declared in the ``polydist.backends`` entry-point group (once per process), each
+    declaring its entries; a package adds a backend by naming its module there (``pyproject.toml``:
+    ``[project.entry-points."polydist.backends"] name = "package.module"``). A module that fails to import
+    is reported as a warning and skipped: one broken plugin must not stop polydist's import."""
+    if _discovered:
+        return
+    _discovered.append(True)
+    import importlib.metadata
+    import warnings
+
+    for point in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
+        try:
+            point.load()
+        except Exception as exc:  # a third party's import error, reported and not raised
+            warnings.warn(f"polydist backend {point.name!r} ({point.value}) could not be loaded: {exc!r}",
+                          RuntimeWarning, stacklevel=2)
 
 
 def get(name: Optional[str]) -> Backend:
