@@ -72,8 +72,11 @@ def default_store() -> "dist.Store":
 
 
 def can_set_timeout(backend: str) -> bool:
-    """Whether the default group's timeout can be changed after creation (gloo and nccl, PyTorch >= 2.3)."""
-    return backend in ("gloo", "nccl") and hasattr(_c10d, "_set_pg_timeout")
+    """Whether the default group's timeout can be changed after creation (its registry entry says so:
+    gloo and nccl, PyTorch >= 2.3)."""
+    from .backends import registry  # _torch sits below the backends
+
+    return registry.get(backend).timeout_settable and hasattr(_c10d, "_set_pg_timeout")
 
 
 def set_default_timeout(timeout: timedelta) -> None:

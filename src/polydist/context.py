@@ -31,7 +31,6 @@ from ._state import Layout, World
 from .announced import check_group
 from .environment import ProcessInfo, detect
 from .backends import registry
-from .backends.horovod import job as horovod_job
 from .errors import NotInitializedError, WorldMismatchError
 from .join import available_backends, comm_device
 
@@ -242,7 +241,7 @@ def leave(wait: bool) -> None:
             out.start()
             out.join(_COUNT_OUT_S)
         dist.destroy_process_group()
-        horovod_job.stop()  # Horovod too, if initialize("horovod") started it
+        registry.after_destroy_all()  # a backend's runtime that initialize() started (Horovod)
 
 
 _leaves = 0  # finalize barriers so far in this process: the same count on every rank of a job

@@ -22,11 +22,10 @@ import torch.distributed as dist
 from . import _torch, settings
 from ._hosts import HOST_BYTES, host_names, host_row
 from ._state import Layout
-from .backends import horovod as _horovod  # noqa: F401 - declares its registry entry
-from .backends import mpi4py as _mpi4py  # noqa: F401 - declares its registry entry (and torch's "mpi")
-from .backends import xla as _xla  # noqa: F401 - declares its registry entry (and idist's "xla")
 from .backends import registry
 from .environment import ProcessInfo, launcher, restart_count
+
+registry.discover()  # every backend's entry (the polydist.backends entry points), before a name is resolved
 
 __all__ = [
     "Timeout",

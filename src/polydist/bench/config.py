@@ -16,12 +16,13 @@ from typing import Any, Optional
 import torch
 
 from .. import context, settings
+from ..backends import registry
 from ..launch import mpiexec
 from ..ops import check_op_dtype, resolve_op
 from ..units import parse_size, size_range
 
 __all__ = [
-    "COLLECTIVES", "REDUCING", "ROOTED", "MPI_BACKENDS", "BenchConfig", "add_parser", "parser", "config_from_args",
+    "COLLECTIVES", "REDUCING", "ROOTED", "by_mpiexec", "BenchConfig", "add_parser", "parser", "config_from_args",
     "child_argv", "default_backend",
 ]  # fmt: skip
 
@@ -30,7 +31,6 @@ COLLECTIVES = (
 )  # fmt: skip
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
-MPI_BACKENDS = ("mpi", "mpi4py")  # started by mpiexec: MPI makes its own ranks
 _APIS = ("polydist", "torch")
 
 
@@ -142,8 +142,13 @@ def _sizes(ns: argparse.Namespace) -> list:
     return size_range(lo, hi, 2 if ns.stepfactor is None else ns.stepfactor, step=ns.stepbytes)
 
 
+def by_mpiexec(name: str) -> bool:
+    """Whether backend ``name``'s ranks are started by mpiexec (MPI makes its own ranks)."""
+    return registry.get(name).needs_launcher == "mpiexec"
+
+
 def default_backend() -> str:
-    return settings.BACKEND.read() or ("nccl" if torch.cuda.is_available() else "gloo")
+    return settings.BACKEND.read() or registry.default_name()
 
 
 def _backends(text: Optional[str], launch: bool) -> tuple:
@@ -154,9 +159,9 @@ def _backends(text: Optional[str], launch: bool) -> tuple:
         return tuple(names)
     available = context.available_backends()
     for name in names:
-        if name not in available and name not in MPI_BACKENDS:
+        if name not in available and not by_mpiexec(name):
             raise ValueError(f"unknown or unavailable backend {name!r}; here: {', '.join(available)}, or mpi (mpiexec)")
-        if name in MPI_BACKENDS:
+        if by_mpiexec(name):
             try:
                 mpiexec.find()
             except FileNotFoundError as exc:

@@ -24,6 +24,8 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from ..backends import registry
+
 __all__ = ["Timing", "measure", "measure_many"]
 
 
@@ -55,7 +57,7 @@ def _distributed() -> bool:
 
 
 def _nccl(group: Any) -> bool:
-    return _distributed() and "nccl" in str(dist.get_backend(group))
+    return _distributed() and registry.get(str(dist.get_backend(group))) is registry.NCCL
 
 
 def _max_over_ranks(values: list[float], group: Any) -> list[float]:

@@ -23,7 +23,7 @@ __all__ = ["add_parser", "run", "BACKENDS"]
 
 # The backends as --help and the refusal of an unknown name list them: "mpi" also stands for mpi4py (polydist's
 # MPI group on stock wheels) and "xla-tpu" for idist's "xla". Any name the backend registry declares is accepted.
-BACKENDS = ("gloo", "nccl", "mpi", "horovod", "xla-tpu")
+BACKENDS = registry.listed_names()
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -171,7 +171,7 @@ def run(ns: argparse.Namespace) -> int:
 def _launch(ns: argparse.Namespace) -> int:
     target = ["-m", ns.script] if ns.module else [ns.script]
     worker = ["-u", "-m", "polydist.launch.worker", *target, *ns.args]
-    if ns.backend and ns.backend.lower() in ("mpi", "mpi4py"):
+    if ns.backend and registry.get(ns.backend.lower()).needs_launcher == "mpiexec":
         return _run_mpi(ns, worker)
     os.environ[settings.LAUNCHER_PID.name] = str(os.getpid())  # the workers' parent: they die with it
     min_nodes, max_nodes = ns.nnodes

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import context
 from ..errors import WorkerFailedError
 
-__all__ = ["spawn_horovod"]
+__all__ = ["start_processes"]
 
 
-def _worker(fn: Callable, args: tuple, kwargs: dict, init: dict) -> Any:
-    """Body of each process Horovod starts: join the job, call ``fn(local_rank, ...)``, leave."""
-    context.initialize("horovod", **init)
-    result = fn(context.get_local_rank(), *args, **kwargs)
-    context.finalize()
-    return result
+def _worker(work: Callable[[], Any]) -> Any:
+    """Body of each process Horovod starts: ``work()`` joins the job, calls the function, leaves."""
+    return work()
 
 
 class _HostsError(ValueError, RuntimeError):
@@ -29,8 +25,9 @@ class _HostsError(ValueError, RuntimeError):
     ``RuntimeError`` ``ignite.distributed`` raises there (with its words), so code written for either catches it."""
 
 
-def spawn_horovod(fn: Callable, args: tuple, kwargs: dict, nproc_per_node: int, nnodes: int, init: dict) -> list:
-    """``fn(local_rank, *args, **kwargs)`` in ``nproc_per_node`` Horovod processes on this host; their results by rank.
+def start_processes(work: Callable[[], Any], nproc_per_node: int, nnodes: int) -> list:
+    """:func:`polydist.spawn` on horovod: the picklable ``work()`` in ``nproc_per_node`` Horovod processes on this
+    host; their results by rank.
 
     Raises:
         ValueError: ``nnodes`` > 1 (launch a multi-host Horovod job with ``horovodrun -H``); also a
@@ -47,6 +44,6 @@ def spawn_horovod(fn: Callable, args: tuple, kwargs: dict, nproc_per_node: int, 
     from horovod import run  # the Horovod launcher, imported only here
 
     try:
-        return run(_worker, args=(fn, tuple(args), dict(kwargs), init), num_proc=nproc_per_node, use_gloo=True)
+        return run(_worker, args=(work,), num_proc=nproc_per_node, use_gloo=True)
     except RuntimeError as e:
         raise WorkerFailedError(f"a Horovod process failed; the job was stopped: {e}", {}, -1) from e

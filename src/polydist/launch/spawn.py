@@ -15,7 +15,6 @@ from typing import Any, Callable, Optional
 
 from .. import context, join, settings
 from ..backends import registry
-from .horovod import spawn_horovod
 from .trace_dir import job_trace_dir
 from .elastic import _check_positive, check_node_rank, launch
 from .process_setup import die_with_parent, worker_errors, worker_setup
@@ -124,21 +123,15 @@ def spawn(
     """
     resolved = join.resolve_backend(backend)  # an unknown or unavailable backend fails here, before any process starts
     init = {"init_method": init_method, "timeout": timeout}
-    if resolved == "horovod":
-        if max_restarts:  # horovod.run starts the processes, not the elastic agent
-            raise ValueError(
-                f"max_restarts={max_restarts!r}: spawn with backend 'horovod' cannot restart its processes "
-                "(horovod.run starts them); use horovodrun's elastic mode"
-            )
-        return spawn_horovod(fn, args, dict(kwargs_dict or {}), nproc_per_node, nnodes, init)
-    starter = registry.get(resolved).start_processes
-    if starter is not None:  # the backend's own launcher (xla-tpu: torch_xla's xmp.spawn)
+    entry = registry.get(resolved)
+    starter = entry.start_processes
+    if starter is not None:  # the backend's own launcher (xla-tpu: torch_xla's xmp.spawn; horovod: horovod.run)
         if max_restarts:
             raise ValueError(f"max_restarts={max_restarts!r}: spawn with backend {backend!r} cannot restart its processes "
                              "(its own launcher starts them)")
         work = functools.partial(_joined, fn, tuple(args), dict(kwargs_dict or {}), backend, init)
         return starter(work, nproc_per_node, nnodes)
-    if resolved in ("mpi", "mpi4py") and (nproc_per_node, nnodes) != (1, 1):  # polydist/announced.py's rule
+    if entry.needs_launcher is not None and (nproc_per_node, nnodes) != (1, 1):  # polydist/announced.py's rule
         raise ValueError(
             f"spawn with backend {backend!r}: MPI sees only the ranks an MPI launcher starts, and spawn's "
             "processes would each be a world of one; run the script under mpiexec -n N (or polydist run "

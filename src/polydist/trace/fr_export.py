@@ -91,6 +91,7 @@ import pickle
 import re
 from typing import Optional
 
+from ..backends import registry
 from .reader import Call, Dump, Dumps
 
 __all__ = ["FR_VERSION", "fr_dumps", "write_fr_trace"]
@@ -202,7 +203,7 @@ def _fr_dump(dump: Dump, groups: _Groups, lib: str) -> dict:
 def fr_dumps(dumps: Dumps) -> dict:
     """rank -> its file's object, for every readable dump (see the module docstring). Never raises."""
     groups = _Groups(dumps)
-    lib = "nccl" if any(d.backend == "nccl" for d in dumps.ranks.values()) else "gloo"
+    lib = registry.fr_library(d.backend for d in dumps.ranks.values())
     return {rank: _fr_dump(dumps.ranks[rank], groups, lib) for rank in sorted(dumps.ranks)}
 
 

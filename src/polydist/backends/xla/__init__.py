@@ -172,7 +172,7 @@ def _advice(info: ProcessInfo, who: str) -> Optional[str]:
             "nproc_per_node=N) (torch_xla's xmp.spawn) or torch_xla.launch, or use gloo (nccl on GPUs)")
 
 
-register = registry.registrar(BACKEND_NAME, available, _create, "xla-tpu", rendezvous, devices=("cpu", "xla"))
+register = registry.registrar(BACKEND_NAME, available, _create, "xla-tpu", rendezvous)
 """Register backend ``"xla-tpu"`` and the ``xla-tpu://`` init method; False when torch_xla is not installed."""
 
 
@@ -186,7 +186,7 @@ _resolve = registry.resolve_once_registered(
 XLA = registry.declare(registry.Backend(
     BACKEND_NAME, mover=registry.DIRECT, compute_device=xla_device, no_subgroups=no_subgroups, point_to_point=False, init_url=URL, resolve=_resolve,
     model_name="xla-dist", training=lambda: training, launch_advice=_advice, register=register,
-    start_processes=start_processes, training_at_every_size=True, adopt=adopt,
+    start_processes=start_processes, training_at_every_size=True, adopt=adopt, torch_devices=("cpu", "xla"),
     pin_memory_refused=training.PIN_MEMORY_REFUSED, wrap_loader=training.wrap_loader,
     reductions=ops.Reductions(
         BACKEND_NAME, registry.MPI_DTYPES - registry.UNSIGNED_WIDE,
@@ -194,6 +194,6 @@ XLA = registry.declare(registry.Backend(
     ),
 ))
 # ignite.distributed's other spelling: a group is made as xla-tpu.
-registry.declare(dataclasses.replace(XLA, name="xla", resolve=_resolve, reductions=None, adopt=None))
+registry.declare(dataclasses.replace(XLA, name="xla", resolve=_resolve, reductions=None, adopt=None, listed=False))
 
 __all__ += ["xla_device", "no_subgroups", "URL", "XLA"]
