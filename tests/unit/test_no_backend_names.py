@@ -15,7 +15,7 @@ import polydist
 from polydist.backends import registry
 
 SRC = pathlib.Path(polydist.__file__).parent
-LAUNCHER_NAMES_MODULE = "_launchers.py"  # detects the launcher from its variables, by the launcher's name
+LAUNCHER_NAMES_MODULE = "launch/_launchers.py"  # detects the launcher from its variables, by the launcher's name
 
 
 def _docstrings(tree: ast.AST) -> set:
