@@ -11,7 +11,10 @@ launcher's variables) and :mod:`~polydist.launch._slurm` (Slurm's node lists).
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for readers and tools (the API reference resolves polydist.spawn through here)
+    from .spawn import Parallel, spawn
 
 __all__ = ["spawn", "Parallel"]
 
