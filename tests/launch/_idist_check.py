@@ -6,6 +6,7 @@ local rank, and prints one line that the test reads.
 """
 
 import argparse
+import sys
 import time
 
 import torch
@@ -19,8 +20,11 @@ def training(local_rank, config, **kwargs):
     ws = idist.get_world_size()
     assert t == ws * (ws - 1) / 2, f"{t} vs {ws}"
     assert local_rank == idist.get_local_rank()
-    print(f"rank {idist.get_rank()} of {ws}: node {idist.get_node_rank()} local rank {local_rank} "
-          f"sum {t} config {config} kwargs {kwargs} - backend={idist.backend()}", flush=True)
+    # One write of the whole line: print writes the text and its newline apart, and two ranks sharing the
+    # launcher's stdout then ran their lines together ("...backend=gloorank 2 of 4: ...").
+    sys.stdout.write(f"rank {idist.get_rank()} of {ws}: node {idist.get_node_rank()} local rank {local_rank} "
+                     f"sum {t} config {config} kwargs {kwargs} - backend={idist.backend()}\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
