@@ -60,13 +60,17 @@ def mpich_command(two, script_args):
     return [*mpich_launcher(two), "-n", "4", sys.executable, *script_args]
 
 
-def openmpi_command(two, script_args):
+def openmpi_launcher(two):
+    """Open MPI's mpiexec up to ``-np``: two ranks a host, each host entered by the wrapper, TCP on the veth pair."""
     subnet = two.hosts[0].addr.rsplit(".", 1)[0] + ".0/24"
     hosts = ",".join(f"{h.hostname}:2" for h in two.hosts)
-    python = os.path.join(OPENMPI_BIN, "python")
     return [os.path.join(OPENMPI_BIN, "mpiexec"), "--allow-run-as-root", "--prtemca", "plm_ssh_agent", two.wrapper,
             "--prtemca", "oob_tcp_if_include", subnet, "--mca", "btl_tcp_if_include", subnet,
-            "--mca", "btl", "self,tcp", "-H", hosts, "-np", "4", python, *script_args]
+            "--mca", "btl", "self,tcp", "-H", hosts]
+
+
+def openmpi_command(two, script_args):
+    return [*openmpi_launcher(two), "-np", "4", os.path.join(OPENMPI_BIN, "python"), *script_args]
 
 
 RUNTIMES = {"mpich": mpich_command, "openmpi": openmpi_command}
@@ -116,20 +120,23 @@ WORLD_TESTS_S = 420
 
 
 @pytest.mark.timeout(WORLD_TESTS_S + 30)
-@pytest.mark.parametrize("backend", ["mpi", "gloo"])
-def test_world_collective_tests_across_two_hosts(hosts, backend):
+@pytest.mark.parametrize("runtime, backend", [("mpich", "mpi"), ("mpich", "gloo"), ("openmpi", "mpi")])
+def test_world_collective_tests_across_two_hosts(hosts, runtime, backend):
     """The collective tests' world tests on ``backend`` (tests/collectives, POLYDIST_TEST_BACKENDS, ``-k`` the
-    backend as make test-openmpi selects them) with their ranks spread over the two hosts by MPICH's mpiexec
-    (2, 3 or 4 ranks: two on host 0, the rest on host 1; gloo's meet through mpi://): a pytest on host 0 whose
-    ranks call home over the veth pair."""
-    inner = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-k", backend, "tests/collectives"]
+    backend as make test-openmpi selects them) with their ranks spread over the two hosts by the runtime's mpiexec
+    (2, 3 or 4 ranks: two on host 0, the rest on host 1; gloo's meet through mpi://): a pytest on host 0, run by
+    the runtime's Python, whose ranks call home over the veth pair."""
+    if runtime == "openmpi" and not os.path.exists(os.path.join(OPENMPI_BIN, "mpiexec")):
+        pytest.skip("no Open MPI runtime (make mpi-runtimes)")
+    python, launcher = ((os.path.join(OPENMPI_BIN, "python"), openmpi_launcher(hosts)) if runtime == "openmpi"
+                        else (sys.executable, mpich_launcher(hosts)))
+    inner = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-k", backend, "tests/collectives"]
     before = tx_bytes(hosts)
     out = run_on_host0(hosts, inner, timeout=WORLD_TESTS_S, POLYDIST_TEST_BACKENDS=backend,
-                       POLYDIST_TEST_MPIEXEC=json.dumps(mpich_launcher(hosts)),
-                       POLYDIST_TEST_HOME_ADDR=hosts.hosts[0].addr)
+                       POLYDIST_TEST_MPIEXEC=json.dumps(launcher), POLYDIST_TEST_HOME_ADDR=hosts.hosts[0].addr)
     summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
     sent = [after - b for after, b in zip(tx_bytes(hosts), before)]
-    print(f"tests/collectives on {backend} worlds across two hosts: {summary}; bytes sent on the veth pair: {sent}")
+    print(f"tests/collectives on {backend} worlds across two hosts ({runtime}): {summary}; bytes sent on the veth pair: {sent}")
     assert out.returncode == 0, f"exit code {out.returncode}\n{out.stdout[-8000:]}\n{out.stderr[-3000:]}"
     assert re.search(r"\d+ passed", summary), out.stdout[-3000:]
     assert all(s > 2**20 for s in sent), sent  # host 1's ranks took part (they exchange with host 0's)
