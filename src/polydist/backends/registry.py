@@ -23,7 +23,8 @@ from .direct import DirectProcessGroup
 
 __all__ = [
     "Backend", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
-    "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS", "adopt_any", "registrar", "resolve_once_registered",
+    "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS",
+    "adopt_any", "registrar", "resolve_once_registered",
 ]
 
 # How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
@@ -275,8 +276,9 @@ def adopt_any() -> bool:
 def registrar(name: str, available: Callable[[], bool], create: Callable, scheme: str,
               rendezvous: Callable) -> Callable[[], bool]:
     """A :attr:`Backend.register` for a backend written in Python: once ``available()``, registers backend ``name``
-    (its creator ``create``, torch's extended API, the devices of its entry's :attr:`Backend.torch_devices`) and init method ``scheme://`` (``rendezvous``) with
-    torch.distributed, on the first call; returns whether it is registered."""
+    (its creator ``create``, torch's extended API, the devices of its entry's :attr:`Backend.torch_devices`) and
+    init method ``scheme://`` (``rendezvous``) with torch.distributed, on the first call; returns whether it is
+    registered."""
     done: list = []
 
     def register() -> bool:
@@ -285,7 +287,8 @@ def registrar(name: str, available: Callable[[], bool], create: Callable, scheme
         if not available() or not dist.is_available():
             return False
         if name not in dist.Backend.backend_list:
-            dist.Backend.register_backend(name, create, extended_api=True, devices=list(get(name).torch_devices or ("cpu",)))
+            devices = list(get(name).torch_devices or ("cpu",))
+            dist.Backend.register_backend(name, create, extended_api=True, devices=devices)
         dist.register_rendezvous_handler(scheme, rendezvous)
         done.append(True)
         return True
