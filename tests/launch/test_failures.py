@@ -352,6 +352,12 @@ def test_killed_mpi_rank_named(tmp_path):
     error = mpx._failure_report(str(tmp_path), 137, impi, first=[1])
     assert error.root_rank == 1 and str(error).startswith("rank 1 (pid 4101 on vm) failed first: signal 9 (Killed);")
     assert mpx._failure_report(str(tmp_path), 137, impi).root_rank == -1  # no rank known to have ended first
+    # Under polydist run, Hydra sees the rank's parent (launch/rank_parent.py) exit 137; the parent noted the signal.
+    parent = "=   PID 4999 RUNNING AT node7\n=   EXIT CODE: 137\n"
+    (tmp_path / "pid4101.signal").write_text("9")
+    error = mpx._failure_report(str(tmp_path), 137, parent, first=[1])
+    assert error.root_rank == 1
+    assert str(error).startswith("rank 1 (pid 4101 on node7) failed first: killed by signal 9 (SIGKILL); mpiexec")
     error = mpx._failure_report(str(tmp_path), 1, "no report\n")
     assert error.root_rank == -1 and "mpiexec exited with code 1" in str(error)
 

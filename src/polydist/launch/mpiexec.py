@@ -38,6 +38,7 @@ from ..settings import FAILURE_DIR
 from .liveness import NO_TRACEBACK, Watch, end_frozen
 from ..trace.dump import EXIT_NOTICES
 from ..errors import WorkerFailedError
+from . import rank_parent
 from .process_setup import death_signal_setter, pids, rank_files
 
 __all__ = ["find", "run"]
@@ -81,9 +82,13 @@ def run(argv: Sequence[str], nproc: int, *, env: Optional[Mapping[str, str]] = N
     launcher = find()
     flavor = _flavor(launcher)
     # Hydra (MPICH's and Intel MPI's mpiexec) SIGKILLs every rank the moment one dies; told not to,
-    # it lets polydist ask the survivors for their flight-recorder dumps and end them itself.
+    # it lets polydist ask the survivors for their flight-recorder dumps and end them itself. It still
+    # SIGKILLs them at once when a rank of its own dies by a signal: each rank runs under a parent
+    # (rank_parent.py) that exits normally instead.
     ends_ranks = flavor in ("mpich", "intelmpi") and _pidfds_work()
     options = ["-disable-auto-cleanup"] if ends_ranks else []
+    if ends_ranks:
+        argv = [sys.executable, "-I", "-S", rank_parent.__file__, *argv]
     if flavor == "openmpi":
         # Open MPI refuses more ranks than cores, and by default numbers the ranks of a node in the order
         # it spreads them over cores (rank 1 can get local rank 2): --nproc-per-node is the user's choice,
@@ -301,11 +306,14 @@ def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) ->
             pid, host, reason = int(found[1]), found[2], _HYDRA_REASON.search(output)
             how = reason[1] if reason else f"exit code {found[3]}"
             rank = ranks.get(pid)
-    if first and rank not in first:  # mpiexec named a rank it stopped itself
+    if first and rank not in first:  # mpiexec named a rank it stopped itself, or the rank's parent
         rank, how = first[0], None
         for found in _IMPI_DEATH.finditer(output):
             if int(found[1]) == rank:
                 host, how = found[2], f"signal {found[3]}"
+    number = rank_parent.signal_of(failures, by_rank[rank]) if rank in by_rank else None
+    if number is not None:  # the rank's parent saw the signal; Hydra saw the parent's exit code
+        how = f"killed by signal {number} ({_signal_name(number)})"
     if rank is None:
         if pid is None:
             return None
@@ -320,6 +328,13 @@ def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) ->
         "(no traceback: the process was killed, by someone or by the OS, or crashed in native code)",
     ]
     return WorkerFailedError("\n".join(lines), {rank: (code, "")}, rank)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "unknown"
 
 
 def _failure_report(failures: str, code: int, output: str = "", first: Sequence[int] = ()) -> WorkerFailedError:
