@@ -173,7 +173,8 @@ def _check_announced(info: ProcessInfo, pg: "dist.ProcessGroup", owned: bool) ->
 # here), called with no argument and filled in one place, polydist._wiring.
 # on_world_made: whenever a world is made or adopted, from any thread;
 # on_initialized: at the end of initialize(); on_finalize: in finalize(), while the group lives;
-# while_leaving: over and over while finalize waits for the other ranks on the store (MPI's progress).
+# while_leaving: over and over while finalize waits for the other ranks on the store (MPI's progress); a hook
+# returns whether it wants to be called again (False: finalize waits on the store alone).
 on_world_made: list = []
 on_initialized: list = []
 on_finalize: list = []
@@ -298,13 +299,18 @@ def _wait_key(store: Any, key: str, limit: float) -> None:
     complete this rank's part of its last collective while a peer's part still
     needs this rank's MPI calls to arrive (seen across two hosts: host 0's ranks
     out of an all_gather and waiting here, host 1's still in it, for ever).
+    Without a hook that asks to be called again (every backend but a live
+    MPI), it is one ``store.wait``: no look at the store every
+    ``_LOOK_S`` from every rank, which at scale loads the store's host.
     """
     deadline = time.monotonic() + limit
     while not store.check([key]):
-        if time.monotonic() > deadline:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
             raise TimeoutError(f"{key} not set within {limit:g} s")
-        for hook in while_leaving:
-            hook()
+        if not any([hook() for hook in while_leaving]):  # a list: every hook runs
+            store.wait([key], timedelta(seconds=remaining))
+            return
         time.sleep(_LOOK_S)
 
 

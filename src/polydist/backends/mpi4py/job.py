@@ -55,8 +55,9 @@ def world_store(comm: Any, timeout: timedelta) -> Any:
     return serve_store(rank, size, timeout, all_gather_rows, broadcast_port, "mpi")
 
 
-def progress() -> None:
+def progress() -> bool:
     """Let MPI move this rank's messages, if MPI is up (nothing otherwise; MPI is not started for it).
+    Returns whether MPI is up (a :data:`polydist.context.while_leaving` hook: call again).
 
     Open MPI moves messages only inside MPI calls ("weak progress", which the
     MPI standard's progress rule allows): a send that has completed here may
@@ -66,6 +67,8 @@ def progress() -> None:
     mpi = _mpi.MPI
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.COMM_WORLD.Iprobe()
+        return True
+    return False
 
 
 def install_abort_hook() -> None:
