@@ -12,6 +12,8 @@ is the maximum over the ranks; a row reports the median over its blocks, per cal
   ``polydist.all_reduce``, ``torch.distributed.all_reduce`` on the ``mpi`` group with the flight recorder
   and the watchdog on (the default) and off (``POLYDIST_TRACE=0``'s switch and the watchdog's);
 * 16 MiB (float32): raw ``mpi4py`` and ``torch.distributed.all_reduce`` on and off;
+* a DDP training step (a 64-256-10 MLP, a batch of 32: forward, backward with DDP's gradient all-reduce
+  on the ``mpi`` group, SGD step), recording and watchdog on and off;
 * then, in the parent alone (no MPI, no communication), the Python group's per-call pieces: the work
   handle (``LaneWork``), a ``torch.futures.Future``, the profiler check, the record (``_begin``), the
   lane's inline hand-off, a whole ``allreduce(...).wait()`` of a group whose transport does nothing, and
@@ -78,6 +80,18 @@ def child(args: argparse.Namespace) -> None:
     def switch(on: bool) -> None:
         RECORDER.on = WATCHDOG.enabled = on
 
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    xb, yb = torch.randn(32, 64), torch.randint(0, 10, (32,))
+
+    def ddp_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        optimizer.step()
+
     fns = {
         "mpi4py/8": lambda: comm.Allreduce(a, b),
         "polydist/8": lambda: pd.all_reduce(small),
@@ -86,8 +100,11 @@ def child(args: argparse.Namespace) -> None:
         "mpi4py/16M": lambda: comm.Allreduce(la, lb),
         "dist/on/16M": lambda: dist.all_reduce(large),
         "dist/off/16M": lambda: dist.all_reduce(large),
+        "ddp/on/step": ddp_step,
+        "ddp/off/step": ddp_step,
     }
-    iters = {k: (args.iters if k.endswith("/8") else args.iters_large) for k in fns}
+    per_size = {"8": args.iters, "16M": args.iters_large, "step": args.iters_ddp}
+    iters = {k: per_size[k.rsplit("/", 1)[1]] for k in fns}
     results: dict = {name: [] for name in fns}
     names = list(fns)
     for name in names:
@@ -171,6 +188,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=21)
     parser.add_argument("--iters", type=int, default=2000, help="calls per block, 8 B rows and pieces")
     parser.add_argument("--iters-large", type=int, default=5, help="calls per block, 16 MiB rows")
+    parser.add_argument("--iters-ddp", type=int, default=50, help="steps per block, DDP rows")
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--json")
     parser.add_argument("--md")
@@ -180,7 +198,8 @@ def main() -> None:
         return
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     command = [mpiexec, "-n", "2", sys.executable, __file__, "--child", "--blocks", str(args.blocks), "--iters",
-               str(args.iters), "--iters-large", str(args.iters_large), "--warmup", str(args.warmup)]  # fmt: skip
+               str(args.iters), "--iters-large", str(args.iters_large), "--iters-ddp", str(args.iters_ddp),
+               "--warmup", str(args.warmup)]  # fmt: skip
     load = os.getloadavg()
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
@@ -207,11 +226,14 @@ def main() -> None:
         "mpi4py": "raw mpi4py COMM_WORLD.Allreduce (floor)", "polydist": "polydist.all_reduce",
         "dist/on": "torch.distributed.all_reduce, recording + watchdog on",
         "dist/off": "torch.distributed.all_reduce, recording + watchdog off",
+        "ddp/on": "DDP training step, recording + watchdog on", "ddp/off": "DDP training step, recording + watchdog off",
     }  # fmt: skip
+    sizes = {"8": "8 B", "16M": "16 MiB", "step": "MLP, 19 k parameters"}
     for key, value in rows.items():
         kind, size = key.rsplit("/", 1)
-        floor = rows[f"mpi4py/{size}"]
-        lines.append(f"| {labels[kind]} | {'8 B' if size == '8' else '16 MiB'} | {value:.2f} | {value / floor:.2f} |")
+        floor = rows.get(f"mpi4py/{size}")
+        ratio = f"{value / floor:.2f}" if floor else "-"
+        lines.append(f"| {labels[kind]} | {sizes[size]} | {value:.2f} | {ratio} |")
     lines += ["", "Per-call pieces of the Python group (one process, no MPI, no communication; run after the job):", "",
               "| piece | µs |", "|---|---|"]  # fmt: skip
     lines += [f"| {k} | {v:.3f} |" for k, v in data["pieces"].items()]
