@@ -26,8 +26,7 @@ PARENT = [sys.executable, "-I", "-S", rank_parent.__file__]
 
 
 def _parent(code: str, tmp_path, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "POLYDIST_FAILURE_DIR": str(tmp_path)}
-    return subprocess.Popen([*PARENT, sys.executable, "-c", code], env=env, **kwargs)
+    return subprocess.Popen([*PARENT, str(tmp_path), sys.executable, "-c", code], **kwargs)
 
 
 def test_exit_status_passes_through(tmp_path):
@@ -69,7 +68,7 @@ def test_the_parent_closes_its_copy_of_the_pmi_socket(tmp_path):
     theirs.set_inheritable(True)
     env = {**os.environ, "PMI_FD": str(theirs.fileno())}
     code = "import os, time; os.close(int(os.environ['PMI_FD'])); time.sleep(20)"  # the rank lets go of it
-    proc = subprocess.Popen([*PARENT, sys.executable, "-c", code], env=env, pass_fds=(theirs.fileno(),))
+    proc = subprocess.Popen([*PARENT, str(tmp_path), sys.executable, "-c", code], env=env, pass_fds=(theirs.fileno(),))
     theirs.close()
     try:
         ready, _, _ = select.select([ours], [], [], 15)
@@ -81,6 +80,7 @@ def test_the_parent_closes_its_copy_of_the_pmi_socket(tmp_path):
         ours.close()
 
 
-def test_no_command_is_a_usage_error(tmp_path):
-    out = subprocess.run(PARENT, capture_output=True, text=True, timeout=30)
+@pytest.mark.parametrize("args", [[], ["DIR"]])
+def test_no_command_is_a_usage_error(args):
+    out = subprocess.run([*PARENT, *args], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "usage" in out.stderr

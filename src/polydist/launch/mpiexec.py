@@ -87,15 +87,14 @@ def run(argv: Sequence[str], nproc: int, *, env: Optional[Mapping[str, str]] = N
     # (rank_parent.py) that exits normally instead.
     ends_ranks = flavor in ("mpich", "intelmpi") and _pidfds_work()
     options = ["-disable-auto-cleanup"] if ends_ranks else []
-    if ends_ranks:
-        argv = [sys.executable, "-I", "-S", rank_parent.__file__, *argv]
     if flavor == "openmpi":
         # Open MPI refuses more ranks than cores, and by default numbers the ranks of a node in the order
         # it spreads them over cores (rank 1 can get local rank 2): --nproc-per-node is the user's choice,
         # and ranks in order make local rank = rank on one node, as under Hydra and torchrun.
         options = ["--map-by", "slot:OVERSUBSCRIBE"]
-    command = [launcher, *options, "-n", str(nproc), *argv]
     with tempfile.TemporaryDirectory(prefix="polydist-mpi-") as failures:
+        parent = [sys.executable, "-I", "-S", rank_parent.__file__, failures] if ends_ranks else []
+        command = [launcher, *options, "-n", str(nproc), *parent, *argv]
         child_env = dict(os.environ if env is None else env)
         child_env[FAILURE_DIR.name] = failures
         if ends_ranks and flavor == "mpich":  # only MPICH's Hydra then signals the survivors of an exit (SIGUSR1)

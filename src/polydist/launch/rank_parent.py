@@ -1,4 +1,4 @@
-"""The parent of each rank under Hydra: ``python rank_parent.py COMMAND...`` runs COMMAND and exits as it did.
+"""The parent of each rank under Hydra: ``python rank_parent.py DIR COMMAND...`` runs COMMAND, exits as it did.
 
 Why: MPICH's Hydra proxy SIGKILLs every rank of a node the moment one of its
 children ends *by a signal* (``src/pm/hydra/proxy/pmip.c``: ``if
@@ -8,9 +8,9 @@ takes the others down within a millisecond, before they can write their
 flight-recorder dumps, so ``polydist trace`` could not show where they
 waited. This process is the proxy's child instead of the rank: it starts the
 rank, and when the rank is killed by signal N it exits normally with status
-128 + N (the shell's convention) and notes the signal in
-``$POLYDIST_FAILURE_DIR/pid<PID>.signal``, where :mod:`polydist.launch.mpiexec`
-reads it for its report. The survivors then live until polydist has asked
+128 + N (the shell's convention) and notes the signal in ``DIR/pid<PID>.signal``
+(DIR: the job's folder of failures), where :mod:`polydist.launch.mpiexec` reads
+it for its report. The survivors then live until polydist has asked
 them for their dumps and ended them itself.
 
 Signals: Hydra sends its signals (SIGUSR1 exit notices, SIGINT/SIGTERM on
@@ -30,14 +30,14 @@ import sys
 
 # Delivered to the whole process group by Hydra (or a terminal): the rank acts on them, this process waits.
 _LEFT_TO_THE_RANK = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGPIPE")
-_FAILURE_DIR = "POLYDIST_FAILURE_DIR"  # polydist.settings.FAILURE_DIR, not imported: this file imports no polydist
 
 
 def main(argv: list) -> int:
-    """Run ``argv`` as a child; return its exit status, or 128 + N if signal N ended it."""
-    if not argv:
-        print("usage: rank_parent.py COMMAND [ARG...]", file=sys.stderr)
+    """``argv``: DIR COMMAND...; run COMMAND as a child; return its exit status, or 128 + N if signal N ended it."""
+    if len(argv) < 2:
+        print("usage: rank_parent.py DIR COMMAND [ARG...]", file=sys.stderr)
         return 2
+    folder, argv = argv[0], argv[1:]
     pid = os.fork()
     if pid == 0:
         try:
@@ -50,7 +50,7 @@ def main(argv: list) -> int:
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        _note_signal(pid, number)
+        _note_signal(folder, pid, number)
         return 128 + number
     return os.waitstatus_to_exitcode(status)
 
@@ -65,9 +65,8 @@ def _close_pmi_fd() -> None:
             pass
 
 
-def _note_signal(pid: int, number: int) -> None:
-    folder = os.environ.get(_FAILURE_DIR)
-    if folder and os.path.isdir(folder):
+def _note_signal(folder: str, pid: int, number: int) -> None:
+    if os.path.isdir(folder):
         with open(os.path.join(folder, f"pid{pid}.signal"), "w") as f:
             f.write(str(number))
 
