@@ -183,6 +183,45 @@ def test_torchs_analyser_names_a_rank_that_never_called_the_collective(tmp_path,
     assert [n.global_rank for n in db.ncclcalls if n.collective_id is None] == [0, 2]  # the calls it matched to none
 
 
+def _torch_entry(i, seq, name="gloo:all_reduce", size=4, out=None):
+    """One of torch's own records (its names and sizes), completed, of the world of TRIO."""
+    return {"record_id": i, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
+            "p2p_seq_id": 0, "is_p2p": False, "profiling_name": name, "input_sizes": [[size]], "input_dtypes": ["Float"],
+            "output_sizes": [[out or size]], "output_dtypes": ["Float"], "state": "completed", "retired": True,
+            "timeout_ms": 5000, "time_created_ns": int((T + i) * 1e9), "time_discovered_started_ns": None,
+            "time_discovered_completed_ns": int((T + i + 0.5) * 1e9),
+            "frames": [{"name": "main", "filename": USER, "line": 40 + i}]}  # fmt: skip
+
+
+def test_torchs_own_records_are_exported_where_the_dumps_hold_them(tmp_path, caplog):
+    """A gloo job whose traffic torch recorded (DDP's all_reduce, FSDP2's _all_gather_base): its records are the
+    export, with torch's names and output sizes, and polydist's records of the same job (another numbering) are
+    not mixed in; rank 1 never called all_reduce #3."""
+    torchs = [_torch_entry(0, 1), _torch_entry(1, 2, "gloo:_all_gather_base", 4, 12), _torch_entry(5, 9, "gloo:new_op")]
+    dumps = []
+    for r in TRIO:
+        d = dump(r, 3, history(TRIO, 2), 9.0)
+        d["torch"] = {"buffer": 2000, "groups": {"0": list(TRIO)},
+                      "entries": torchs + ([_torch_entry(2, 3)] if r != 1 else [])}  # fmt: skip
+        dumps.append(d)
+    out = export(tmp_path, *dumps)
+    files = {}
+    for r in TRIO:
+        with open(os.path.join(out, f"rank_{r}"), "rb") as f:
+            files[r] = pickle.load(f)
+    names = [e["profiling_name"] for e in files[0]["entries"]]
+    assert names == ["gloo:all_reduce", "gloo:_all_gather_base", "gloo:all_reduce"]  # a name it does not take: out
+    assert [e["collective_seq_id"] for e in files[1]["entries"]] == [1, 2]
+    gathered = files[2]["entries"][1]
+    assert (gathered["input_sizes"], gathered["output_sizes"], gathered["output_dtypes"]) == ([[4]], [[12]], ["float32"])
+    assert gathered["frames"] == [{"name": "main", "filename": USER, "line": 41}]
+    assert files[0]["pg_config"] == {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    db, logged = analyse(out, caplog)
+    assert logged[:5] == ["Not all ranks joining collective, sequence number: 3", "internal record id: 2",
+                          "group info: 0:default_pg", "collective: gloo:all_reduce", "missing ranks: {1}"]  # fmt: skip
+    assert [(c.collective_seq_id, c.missing_ranks) for c in db.collectives] == [(1, None), (2, None), (3, {1})]
+
+
 def test_a_rank_without_a_dump_needs_allow_incomplete_ranks(tmp_path, caplog):
     dumps = [dump(r, 3, history(TRIO, 2) + [call(2, "all_reduce", TRIO, 3, 3.0, op="SUM")], 6.0) for r in (0, 1)]
     out = export(tmp_path, *dumps)

@@ -55,6 +55,17 @@ def _check_stalled_rank_named(job, found, collective: str) -> None:
 def test_ddp_step_with_a_rank_stalled_in_forward_names_it_from_torchs_records(tmp_path, cli_env):
     job, found = _job("ddp", tmp_path, cli_env)
     _check_stalled_rank_named(job, found, "gloo:all_reduce")
+    # The same dumps in torch's format (torch's own records), read by torch's own analyser.
+    out = tmp_path / "fr"
+    exported = subprocess.run([sys.executable, "-m", "polydist", "trace", str(tmp_path / "trace"), "--fr-trace",
+                               str(out)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert exported.returncode == 1 and sorted(os.listdir(out)) == ["rank_0", "rank_1"], exported.stderr  # 1: a hang
+    analysed = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(out)],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    said = analysed.stdout + analysed.stderr
+    stuck = found["stuck"][0]["waiting"][0]["call"]["seq"]
+    assert f"Not all ranks joining collective, sequence number: {stuck}" in said, said[-3000:]
+    assert "missing ranks: {1}" in said and "collective: gloo:all_reduce" in said, said[-3000:]
 
 
 @pytest.mark.heavy
@@ -155,6 +166,8 @@ BAD = [
     ("entry.profiling_name", None),
     ("entry.input_sizes", [[4], [2]]),  # two sizes, one dtype
     ("entry.input_sizes", [["4"]]),
+    ("entry.output_sizes", [[4], [2]]),  # two sizes, one dtype
+    ("entry.output_sizes", [[-1.5]]),
     ("entry.retired", "yes"),
     ("entry.timeout_ms", float("inf")),
     ("entry.time_created_ns", 1.5),

@@ -56,7 +56,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also write all ranks' calls on one timeline, for ui.perfetto.dev or chrome://tracing")
     p.add_argument("--fr-trace", metavar="OUT_DIR", default=None,
                    help="also write the dumps in PyTorch's Flight Recorder format, one file per rank, for "
-                        "python -m torch.distributed.flight_recorder.fr_trace OUT_DIR")
+                        "python -m torch.distributed.flight_recorder.fr_trace OUT_DIR (torch's own records where the "
+                        "dumps hold them: gloo, nccl; else polydist's)")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON object instead of text")
     return p
 

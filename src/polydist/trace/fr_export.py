@@ -46,7 +46,18 @@ of the dump (:mod:`polydist.trace`)::
      "duration_ms": 0.5,               # completed calls only
      "frames": [{"name": "main", "filename": "/home/u/train.py", "line": 88}]}
 
-Approximations (what polydist does not record, or records otherwise):
+Whose records: torch's own, where the dumps hold any (``TORCH_FR_BUFFER_SIZE``,
+which polydist's launchers set): on gloo and nccl they are every operation,
+DDP's, FSDP2's and polydist's own calls alike, with torch's names
+(``"gloo:all_gather"``), numbers and output sizes; a dump's file then
+holds those alone, so that the analyser matches the calls of one numbering.
+Otherwise polydist's records: on its Python groups (``mpi``, ``horovod``,
+``xla-tpu``) the only ones, since torch records nothing there. From torch's
+records, point-to-point calls are left out (the dump does not keep their
+peer), as are operations whose names torch's analyser does not take (it
+stops at the first); ``frames`` is the first frame outside the libraries.
+
+Approximations of polydist's records (what polydist does not record, or records otherwise):
 
 - ``profiling_name``'s library is ``nccl`` for nccl jobs and ``gloo`` for every
   other backend, MPI included: the analyser refuses names outside nccl, ncclx,
@@ -165,24 +176,29 @@ def _p2p(call: Call, rank: int, groups: _Groups, pairs: dict) -> Optional[tuple]
     return key, f"send {me}->{peer}" if call.collective == "send" else f"recv {me}<-{peer}", seq
 
 
-def _fr_dump(dump: Dump, groups: _Groups, lib: str) -> dict:
-    """One rank's file (see the module docstring); ``groups`` gathers the process groups of all files."""
+def _fr_dump(dump: Dump, groups: _Groups, lib: Optional[str]) -> dict:
+    """One rank's file (see the module docstring); ``groups`` gathers the process groups of all files. ``lib``:
+    the library named in polydist's records' profiling names; None: export torch's records instead."""
     rank, world = dump.rank, groups.world
     config = {_group_name(tuple(range(world)), world)} if world else set()
     pairs: dict = {}
     entries = []
-    for call in dump.calls:
-        p2p = call.collective in ("send", "recv")
+    for call in dump.calls if lib is not None else dump.torch_calls:
+        p2p = lib is not None and call.collective in ("send", "recv")  # torch's: seq None, left out below
         found = _p2p(call, rank, groups, pairs) if p2p else None
-        if call.collective not in _KNOWN or (p2p and found is None) or (not p2p and call.seq is None):
+        if not _known(call.collective, lib) or (p2p and found is None) or (not p2p and call.seq is None):
             continue
         key, name, seq = found or (groups.add(call.group, _group_name(call.group, world)), call.collective, call.seq)
         config.add(key)
-        in_sizes, in_dtypes, out_sizes, out_dtypes = _sizes(call, rank)
+        if lib is None:  # torch's record: its own names and sizes
+            in_sizes, in_dtypes = [list(x) for x in call.shapes], list(call.dtypes)
+            out_sizes, out_dtypes = [list(x) for x in call.out_shapes], list(call.out_dtypes)
+        else:
+            in_sizes, in_dtypes, out_sizes, out_dtypes = _sizes(call, rank)
         completed = call.state == "completed"
         entry = {
             "record_id": call.id, "pg_id": groups.ids[key][0], "process_group": key, "collective_seq_id": seq,
-            "p2p_seq_id": seq if p2p else 0, "op_id": call.id + 1, "profiling_name": f"{lib}:{name}",
+            "p2p_seq_id": seq if p2p else 0, "op_id": call.id + 1, "profiling_name": f"{lib}:{name}" if lib else name,
             "is_p2p": p2p, "input_sizes": in_sizes, "input_dtypes": in_dtypes, "output_sizes": out_sizes,
             "output_dtypes": out_dtypes, "state": "completed" if completed else "started",
             "retired": call.state != "started", "time_created_ns": _ns(call.start),
@@ -200,10 +216,23 @@ def _fr_dump(dump: Dump, groups: _Groups, lib: str) -> dict:
     return {"version": FR_VERSION, "pg_config": pg_config, "entries": entries}
 
 
+def _known(name: str, lib: Optional[str]) -> bool:
+    """Whether the analyser takes a call of ``name``: polydist's names (``lib`` set), or torch's
+    (``"gloo:all_reduce"``) by the analyser's own table, where this torch has one; it stops at any other."""
+    if lib is not None:
+        return name in _KNOWN
+    try:
+        from torch.distributed.flight_recorder.components.types import COLLECTIVES, P2P
+    except ImportError:
+        return True
+    return name.partition(":")[2] in COLLECTIVES | P2P | {"coalesced"}
+
+
 def fr_dumps(dumps: Dumps) -> dict:
     """rank -> its file's object, for every readable dump (see the module docstring). Never raises."""
     groups = _Groups(dumps)
-    lib = registry.fr_library(d.backend for d in dumps.ranks.values())
+    torchs = any(d.torch_calls for d in dumps.ranks.values())
+    lib = None if torchs else registry.fr_library(d.backend for d in dumps.ranks.values())
     return {rank: _fr_dump(dumps.ranks[rank], groups, lib) for rank in sorted(dumps.ranks)}
 
 

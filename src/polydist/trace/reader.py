@@ -76,6 +76,8 @@ class Call:
     error: Optional[str]
     source: str = "polydist"  # whose recorder: "polydist", or "torch" (torch's own, of gloo's and nccl's operations)
     timeout: Optional[float] = None  # s; torch's entries only
+    out_dtypes: tuple = ()  # torch's entries only: the output's, as torch recorded them
+    out_shapes: tuple = ()
 
     @property
     def site(self) -> Site:
@@ -219,6 +221,7 @@ _TORCH = {"buffer": ("nat", 0), "groups": ("dict", {}), "entries": ("list", [])}
 _TORCH_ENTRY = {"record_id": ("nat", _REQUIRED), "process_group": ("strs", _REQUIRED),
                 "collective_seq_id": ("nat", 0), "p2p_seq_id": ("nat", 0), "is_p2p": ("bool", False),
                 "profiling_name": ("str", _REQUIRED), "input_sizes": ("shapes", ()), "input_dtypes": ("strs", ()),
+                "output_sizes": ("shapes", ()), "output_dtypes": ("strs", ()),
                 "retired": ("bool", False), "state": ("str?", None), "timeout_ms": ("nums?", None),
                 "time_created_ns": ("nat", _REQUIRED), "time_discovered_completed_ns": ("nat?", None),
                 "frames": ("list", ())}  # fmt: skip
@@ -233,7 +236,7 @@ def _torch_call(obj: Any, rank: int, size: Optional[int], groups: dict, where: s
     """One of torch's entries as a Call (source "torch"); None for one of a group whose ranks the dump lacks."""
     f = _fields(obj, _TORCH_ENTRY, where)
     if not f["process_group"] or len(f["profiling_name"]) > _NAME_CHARS or len(f["input_sizes"]) != len(
-            f["input_dtypes"]):  # fmt: skip
+            f["input_dtypes"]) or len(f["output_sizes"]) != len(f["output_dtypes"]):  # fmt: skip
         raise _Bad(f"{where} is not one of torch's flight-recorder entries (process_group, profiling_name, sizes)")
     name = f["process_group"][0]
     group = groups.get(name)
@@ -252,7 +255,9 @@ def _torch_call(obj: Any, rank: int, size: Optional[int], groups: dict, where: s
                 shapes=tuple(map(tuple, f["input_sizes"])), bytes=0, value=False, is_async=False, file=site.file,
                 line=site.line, function=site.function, start=f["time_created_ns"] / 1e9,
                 end=end / 1e9 if end else None, state="completed" if completed else "started", error=None,
-                source="torch", timeout=f["timeout_ms"] / 1e3 if f["timeout_ms"] is not None else None)  # fmt: skip
+                source="torch", timeout=f["timeout_ms"] / 1e3 if f["timeout_ms"] is not None else None,
+                out_dtypes=tuple(_DTYPES.get(d, d) for d in f["output_dtypes"]),
+                out_shapes=tuple(map(tuple, f["output_sizes"])))  # fmt: skip
 
 
 def _torch_calls(obj: Optional[dict], rank: int, size: Optional[int]) -> tuple:
