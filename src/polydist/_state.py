@@ -63,6 +63,9 @@ class World:
         pg: torch's default group; its identity is this world's identity.
         rank, size: this process's global rank and the world size, from ``pg``.
         owns_group: polydist created ``pg``, so ``finalize()`` destroys it.
+        store_shared: the ranks share ``pg``'s store, so ``finalize()`` can
+            wait there for all of them; False for a group made over a runtime
+            the program started (``hvd.init()``), whose store is the process's own.
         layout: the node layout; ``layout_known`` False while it is a
             single-node guess (an adopted group whose launcher exported none).
         timeout: the collective timeout ``initialize(timeout=)`` applied
@@ -74,7 +77,7 @@ class World:
         warned: groups a non-member call was already warned about.
     """
 
-    __slots__ = ("pg", "rank", "size", "owns_group", "layout", "layout_known", "timeout", "world_group", "groups", "resolved", "warned", "_scratch")
+    __slots__ = ("pg", "rank", "size", "owns_group", "store_shared", "layout", "layout_known", "timeout", "world_group", "groups", "resolved", "warned", "_scratch")
 
     def __init__(
         self,
@@ -83,10 +86,11 @@ class World:
         layout: Layout,
         timeout: Optional[timedelta],
         layout_known: bool = True,
+        store_shared: bool = True,
     ) -> None:
         self.pg = pg
         self.rank, self.size = pg.rank(), pg.size()
-        self.owns_group = owns_group
+        self.owns_group, self.store_shared = owns_group, store_shared
         self.layout, self.layout_known = layout, layout_known
         self.timeout = timeout
         self.groups: dict[tuple[int, ...], Any] = {}

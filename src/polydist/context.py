@@ -215,7 +215,10 @@ def finalize() -> None:
     that the ranks waiting here go on at once instead of waiting out the timeout.
 
     A group the user created and polydist adopted is left as it is, without
-    waiting (torch's ``destroy_process_group`` does not wait either). Cached
+    waiting (torch's ``destroy_process_group`` does not wait either). A group
+    polydist made over a runtime the program started (``hvd.init()``) is
+    destroyed without waiting: its store is the process's own, so the ranks
+    cannot meet there, and the runtime, which the program owns, stays up. Cached
     subgroups are forgotten. Environment variables are never touched. Calling
     it when serial or twice is harmless.
     """
@@ -235,9 +238,10 @@ def leave(wait: bool) -> None:
         state = None  # a group polydist would not adopt: not its to destroy
     _world = None  # its groups, sequence numbers and buffers go with it
     if state is not None and state.owns_group:
-        if state.size > 1 and wait:
+        meet = state.size > 1 and state.store_shared  # else nobody to wait for, or no store to meet on
+        if meet and wait:
             _wait_for_every_rank(state)
-        elif state.size > 1:  # counted out in a thread of its own: a store that does not answer must not hold the exit
+        elif meet:  # counted out in a thread of its own: a store that does not answer must not hold the exit
             out = threading.Thread(target=_wait_for_every_rank, args=(state, False), daemon=True)
             out.start()
             out.join(_COUNT_OUT_S)
@@ -349,7 +353,9 @@ def world() -> Optional[World]:
     info = join.launcher()
     _check_announced(info, pg, owned=owns)  # a group is adopted only if it is the job's
     env = join.layout_from_env(info)
-    _world = World(pg, owns_group=owns, layout=env or join.single_node_guess(), timeout=None, layout_known=env is not None)
+    # A group made over the program's runtime has a process-local store (made without communicating): no meeting there.
+    _world = World(pg, owns_group=owns, layout=env or join.single_node_guess(), timeout=None, layout_known=env is not None,
+                   store_shared=not owns)
     _world_made()
     return _world
 

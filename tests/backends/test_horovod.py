@@ -342,6 +342,33 @@ def test_a_failing_rank_ends_the_job(tmp_path):
     assert time.monotonic() - start < 60
 
 
+STALLED = """
+import time
+import torch, torch.distributed as dist
+import polydist as pd
+pd.initialize("horovod", timeout=5)
+t = torch.ones(2)
+dist.all_reduce(t)  # #1: every rank, through torch.distributed on polydist's horovod group
+if pd.get_rank() == 1:
+    time.sleep(90)  # busy elsewhere: never joins #2
+dist.all_reduce(t)  # rank 0 waits here, until its watchdog ends the job
+print("not reached", flush=True)
+"""
+
+
+@pytest.mark.timeout(200)
+def test_the_watchdog_ends_a_torch_level_all_reduce_a_rank_never_joins(tmp_path):
+    """Under real horovodrun: the group's timeout (5 s) bounds an operation polydist's API never saw."""
+    script = tmp_path / "stalled.py"
+    script.write_text(STALLED)
+    start = time.monotonic()
+    job = _horovodrun(2, str(script), timeout=150)
+    elapsed, out = time.monotonic() - start, job.stdout + job.stderr
+    assert job.returncode != 0 and "not reached" not in out, out[-3000:]
+    assert "all_reduce #2" in out and "ranks [1] did not arrive" in out, out[-3000:]
+    assert elapsed < 60, (elapsed, out[-3000:])  # the timeout, the grace and horovodrun's end; not rank 1's 90 s
+
+
 def _rank_and_sum(local_rank, x):
     return local_rank, pd.get_rank(), pd.model_name(), pd.all_reduce(x + pd.get_rank())
 
