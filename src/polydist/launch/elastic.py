@@ -42,7 +42,7 @@ from ..errors import WorkerFailedError
 from ..trace.dump import DUMP_NOTE
 from .liveness import NO_TRACEBACK, Watch, end_frozen, note_of
 from .restarts import announce, check_max_restarts, exhausted
-from .process_setup import PEER_GONE
+from .process_setup import PEER_GONE, signal_name
 
 __all__ = ["launch"]
 
@@ -263,23 +263,16 @@ def _traceback(failure: Any) -> str:
     return message if isinstance(message, str) and message != "<NONE>" else ""  # torch's "<NONE>": no error file
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def _how(code: Optional[int]) -> str:
     """``exit code -9 (killed by SIGKILL)`` for a signal (negative code), ``exit code 3`` otherwise."""
     if code is not None and code < 0:
-        return f"exit code {code} (killed by {_signal_name(-code)})"
+        return f"exit code {code} (killed by {signal_name(-code)})"
     return f"exit code {code}"
 
 
 def _no_traceback_text(failure: Any) -> str:
     if failure.exitcode is not None and failure.exitcode < 0:
-        return f"(no traceback: the process was killed by {_signal_name(-failure.exitcode)}, by someone or by the OS)"
+        return f"(no traceback: the process was killed by {signal_name(-failure.exitcode)}, by someone or by the OS)"
     return (
         f"(no traceback: the process ended with exit code {failure.exitcode} without raising: "
         "os._exit, or a crash in native code)"

@@ -39,7 +39,7 @@ from .liveness import NO_TRACEBACK, Watch, end_frozen
 from ..trace.dump import EXIT_NOTICES
 from ..errors import WorkerFailedError
 from . import rank_parent
-from .process_setup import death_signal_setter, pids, rank_files
+from .process_setup import death_signal_setter, pids, rank_files, signal_name
 
 __all__ = ["find", "run"]
 
@@ -312,7 +312,7 @@ def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) ->
                 host, how = found[2], f"signal {found[3]}"
     number = rank_parent.signal_of(failures, by_rank[rank]) if rank in by_rank else None
     if number is not None:  # the rank's parent saw the signal; Hydra saw the parent's exit code
-        how = f"killed by signal {number} ({_signal_name(number)})"
+        how = f"killed by signal {number} ({signal_name(number)})"
     if rank is None:
         if pid is None:
             return None
@@ -327,13 +327,6 @@ def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) ->
         "(no traceback: the process was killed, by someone or by the OS, or crashed in native code)",
     ]
     return WorkerFailedError("\n".join(lines), {rank: (code, "")}, rank)
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return "unknown"
 
 
 def _failure_report(failures: str, code: int, output: str = "", first: Sequence[int] = ()) -> WorkerFailedError:

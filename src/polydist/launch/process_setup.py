@@ -154,6 +154,14 @@ def rank_files(folder: str, suffix: str) -> dict[int, str]:
     return found
 
 
+def signal_name(number: int) -> str:
+    """``"SIGKILL"`` for 9; ``"signal N"`` for a number this platform does not name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def pids(folder: str) -> dict[int, int]:
     """``{rank: pid}`` from the pid files in ``folder``."""
     return {rank: int(text) for rank, text in rank_files(folder, ".pid").items()}
