@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/torch_path_cost.py --json benchmarks/results/torch_path_cost.json \\
         --md benchmarks/results/torch_path_cost.md
 
-One 2-rank ``mpiexec`` job (the parent starts it; ``--child`` is a rank). Rows, each timed in ``--blocks``
+One 2-rank ``mpiexec`` job (``--ranks 1``: one rank, no peer) (the parent starts it; ``--child`` is a rank). Rows, each timed in ``--blocks``
 blocks of back-to-back calls between two ``time.perf_counter_ns()`` reads, the blocks of all rows
 interleaved (block b starts with row b mod k) and each preceded by a raw ``mpi4py`` barrier; a block's time
 is the maximum over the ranks; a row reports the median over its blocks, per call:
@@ -16,7 +16,8 @@ is the maximum over the ranks; a row reports the median over its blocks, per cal
   on the ``mpi`` group, SGD step), recording and watchdog on and off;
 * then, in the parent alone (no MPI, no communication), the Python group's per-call pieces: the work
   handle (``LaneWork``), a ``torch.futures.Future``, the profiler check, the record (``_begin``), the
-  lane's inline hand-off, a whole ``allreduce(...).wait()`` of a group whose transport does nothing, and
+  lane's inline hand-off, a whole ``allreduce(...).wait()`` of a group whose transport does nothing (also called after 2,000 lines of
+  a function: a record reads the caller's line only when it is dumped), and
   ``torch.distributed.all_reduce`` on torch's ``fake`` backend (torch's own dispatch to a C++ backend,
   the floor of any torch-level call), and the ``mpi`` group over ``COMM_SELF`` (one process: MPI without
   a peer, so no other rank's scheduling) next to raw ``COMM_SELF.Allreduce``: the group's own cost per
@@ -164,6 +165,12 @@ def pieces(args: argparse.Namespace) -> dict:
     alone.allreduce([t], dist.AllreduceOptions()).wait()  # the group learns the plan of (float32, SUM)
     a, b = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)  # torch's C++ dispatch, no transport
+    # the same call made after 2,000 lines of a function (a long training script's main()), which are not run
+    body = "".join(f"        print({i})\n" for i in range(2000))
+    scope: dict = {}
+    exec(compile(f"def long_main(g, t, opts):\n    if t is None:\n{body}    return g.allreduce([t], opts).wait()\n",
+                 "<long main>", "exec"), scope)  # noqa: S102 - this file's own source
+    long_main = scope["long_main"]
     fns = {
         "work handle: LaneWork(result)": lambda: LaneWork(None, backend="mpi"),
         "future: torch.futures.Future()": torch.futures.Future,
@@ -173,6 +180,7 @@ def pieces(args: argparse.Namespace) -> dict:
         "lane.run(nothing) inline, with its work handle": lambda: group._lane.run(nothing, None, True, "x", ()),
         "AllreduceOptions() (torch's wrapper makes one)": dist.AllreduceOptions,
         "group.allreduce([t], opts).wait(), empty transport": lambda: group.allreduce([t], opts).wait(),
+        "the same, called after 2,000 lines of a function": lambda: long_main(group, t, opts),
         "torch.distributed.all_reduce on torch's fake backend (C++ dispatch floor)": lambda: dist.all_reduce(t),
         "raw mpi4py COMM_SELF.Allreduce(a, b), 8 B": lambda: MPI.COMM_SELF.Allreduce(a, b),
         "mpi group over COMM_SELF: allreduce([t], opts).wait(), 8 B": lambda: alone.allreduce([t], opts).wait(),
@@ -190,6 +198,7 @@ def main() -> None:
     parser.add_argument("--iters-large", type=int, default=5, help="calls per block, 16 MiB rows")
     parser.add_argument("--iters-ddp", type=int, default=50, help="steps per block, DDP rows")
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--ranks", type=int, default=2, help="1: no peer, so no second process on the other core")
     parser.add_argument("--json")
     parser.add_argument("--md")
     args = parser.parse_args()
@@ -197,7 +206,7 @@ def main() -> None:
         child(args)
         return
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    command = [mpiexec, "-n", "2", sys.executable, __file__, "--child", "--blocks", str(args.blocks), "--iters",
+    command = [mpiexec, "-n", str(args.ranks), sys.executable, __file__, "--child", "--blocks", str(args.blocks), "--iters",
                str(args.iters), "--iters-large", str(args.iters_large), "--iters-ddp", str(args.iters_ddp),
                "--warmup", str(args.warmup)]  # fmt: skip
     load = os.getloadavg()
@@ -216,7 +225,7 @@ def main() -> None:
         f"# torch.distributed on polydist's mpi group: cost per call ({data['when']}, {data['cpus']} CPUs, "
         f"load average {data['load_before'][0]:.1f} before, {data['load_after'][0]:.1f} after)",
         "",
-        f"Command: `{data['command']}`; 2 ranks under mpiexec; median over {args.blocks} interleaved blocks "
+        f"Command: `{data['command']}`; {args.ranks} rank(s) under mpiexec; median over {args.blocks} interleaved blocks "
         "(a block: the slower rank's time).",
         "",
         "| call | size | µs per call | x raw mpi4py |",

@@ -169,3 +169,36 @@ def test_sigusr1_is_an_exit_notice_only_under_mpichs_hydra(monkeypatch, tmp_path
     assert dump._hydra_notice()  # MPICH's Hydra: a notice, not a request
     (tmp_path / "dumps-requested").touch()
     assert not dump._hydra_notice()  # polydist asked for the dumps itself
+
+
+def test_the_line_is_found_from_the_instruction_when_a_record_is_read():
+    """Records keep the caller's instruction offset (f_lasti) and as_dict finds its line: f_lineno would scan the
+    code's line table on every call, which costs tens of microseconds near the end of a long function."""
+    body = "".join(f"    x{i} = {i}\n" for i in range(2000))
+    source = f"def long(ring, tag):\n{body}    return _pipeline(ring, tag), _line()\n"
+
+    def pipeline(ring: Recorder, tag: _Group) -> list:  # Recorder.start's caller is three frames up, as in
+        return (lambda: ring.start(tag, "barrier", 1, None, None, (), False))()  # public function -> run -> start
+
+    namespace = {"_line": lambda: sys._getframe(1).f_lineno, "_pipeline": pipeline}
+    exec(compile(source, "<long>", "exec"), namespace)  # noqa: S102 - the test's own source
+    ring = Recorder(True, 4)
+    record, line = namespace["long"](ring, _Group())
+    entry = as_dict(record)
+    assert (entry["file"], entry["function"], entry["line"]) == ("<long>", "long", line) and line == 2002
+
+    frame = sys._getframe(0)
+    assert recorder.line_of(frame.f_code, frame.f_lasti) == frame.f_lineno
+    assert recorder.line_of(frame.f_code, -1) == frame.f_code.co_firstlineno  # a frame not started yet
+
+
+def test_the_callers_library_test_is_learnt_once_per_code_object():
+    """The walk to a group operation's caller classifies each code object once, keyed by its id (hashing a code
+    object hashes its constants every time); the codes are held, so an id is never reused while it is a key."""
+    recorder._IN_LIBRARIES.clear()
+    recorder._HELD.clear()
+    mine = test_the_callers_library_test_is_learnt_once_per_code_object.__code__
+    assert recorder._in_libraries(recorder.as_dict.__code__) is True
+    assert recorder._in_libraries(torch.nn.Module.__call__.__code__) is True
+    assert recorder._in_libraries(mine) is False
+    assert recorder._IN_LIBRARIES[id(mine)] is False and mine in recorder._HELD

@@ -166,6 +166,9 @@ class DoneWork(LaneWork):
         self._result = result
         return self
 
+    def wait(self, timeout: Optional[timedelta] = None) -> bool:
+        return True  # complete, without error: LaneWork.wait's checks all pass (~0.3 us saved per blocking call)
+
     def get_future(self) -> Future:
         future: Future = Future()
         future.set_result(self._result)
@@ -269,21 +272,6 @@ class Lane:
         error = self._execute(body, record, owned, record[START])
         if error is not None:
             raise error
-
-    def inline_call(self, record: list, owned: bool, fn: Callable[..., Any], *args: Any) -> None:
-        """:meth:`inline` of ``fn(*args)`` with a ``record`` (not None), flattened: the lean all-reduce's path,
-        where each Python call saved is a tenth of the MPI call's time."""
-        self.since, self.current = record[START], record
-        try:
-            fn(*args)
-        except BaseException as e:
-            self.current = None
-            if owned:
-                RECORDER.fail(record, e)
-            raise
-        self.current = None
-        if owned:
-            RECORDER.end(record)
 
     def _execute(
         self, body: Callable[[], None], record: Optional[list], owned: bool, since: float,

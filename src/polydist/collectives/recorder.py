@@ -13,7 +13,9 @@ NCCL backend only.
 
 A record is a plain list, filled in place; the cost on the caller's path is
 one frame walk, one ``time.time()`` at each end and a list store, about a
-microsecond (benchmarks/trace_cost.py). Tensors are never kept: only their
+microsecond (benchmarks/trace_cost.py). The caller's line is found only when a
+record is read (:func:`line_of`): the record keeps the frame's instruction
+offset, since ``f_lineno`` scans the function's line table on every read. Tensors are never kept: only their
 dtype and shape, so the buffer holds no memory of the program's. Records are
 turned into the dump's dictionaries (:func:`as_dict`) only when a dump or a
 profile asks.
@@ -21,6 +23,7 @@ profile asks.
 
 from __future__ import annotations
 
+import dis
 import os
 import sys
 import time
@@ -35,7 +38,7 @@ __all__ = ["Recorder", "RECORDER", "as_dict", "set_trace"]
 # Fields of a record (a list, so that completion updates it in place). DTYPE, SHAPE: of the one
 # tensor argument; for anything else DTYPE is _MANY and SHAPE the tensors' ((dtype, shape), ...),
 # or None for Python values.
-ID, NAME, RES, SEQ, OP, ROOT, DTYPE, SHAPE, CODE, LINE, START, END, STATE, ERROR, ASYNC = range(15)
+ID, NAME, RES, SEQ, OP, ROOT, DTYPE, SHAPE, CODE, LASTI, START, END, STATE, ERROR, ASYNC = range(15)
 STARTED, COMPLETED, FAILED = "started", "completed", "failed"
 _MANY = object()
 _now = time.time
@@ -61,6 +64,22 @@ def _outside(frame: Any, inside: Any = _PACKAGE) -> Any:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(inside):
         frame = frame.f_back
     return frame
+
+
+# id(code object) -> whether its file is under _LIBRARIES. Keyed by id: hashing a code object hashes its
+# constants, every time (~0.4 us); the codes are held (_HELD), so no id is reused while its entry lives.
+_IN_LIBRARIES: dict = {}
+_HELD: list = []
+
+
+def _in_libraries(code: Any) -> bool:
+    """Whether ``code``'s file is polydist's or torch's, learnt once per code object (at most 4096 kept)."""
+    if len(_HELD) >= 4096:
+        _IN_LIBRARIES.clear()
+        _HELD.clear()
+    _HELD.append(code)
+    inside = _IN_LIBRARIES[id(code)] = code.co_filename.startswith(_LIBRARIES)
+    return inside
 
 
 class Recorder:
@@ -103,7 +122,7 @@ class Recorder:
         else:
             dtype, shape = _MANY, _tensors(x)
         n = self.count
-        record = [n, name, res, seq, op, root, dtype, shape, frame.f_code, frame.f_lineno, _now(), None, STARTED, None, async_op]
+        record = [n, name, res, seq, op, root, dtype, shape, frame.f_code, frame.f_lasti, _now(), None, STARTED, None, async_op]
         self.slots[n % self.size] = record
         self.count = n + 1
         return record
@@ -116,13 +135,21 @@ class Recorder:
         outside polydist and torch. ``ring`` False: a record for the group's
         watchdog only, not kept in the ring (``POLYDIST_TRACE=0``).
         """
-        frame = _outside(sys._getframe(3), _LIBRARIES)  # 2: the group method (polydist); 3 saves one step
+        frame = sys._getframe(3)  # 2: the group method (polydist); 3 saves one step
+        known = _IN_LIBRARIES
+        while frame.f_back is not None:  # to the first frame outside polydist and torch, inline: a hot path
+            inside = known.get(id(frame.f_code))
+            if inside is None:
+                inside = _in_libraries(frame.f_code)
+            if not inside:
+                break
+            frame = frame.f_back
         if type(x) is torch.Tensor:
             dtype, shape = x.dtype, x.shape
         else:
             dtype, shape = _MANY, _tensors(x)
         n = self.count if ring else -1
-        record = [n, name, res, seq, op, root, dtype, shape, frame.f_code, frame.f_lineno, _now(), None, STARTED, None, async_op]
+        record = [n, name, res, seq, op, root, dtype, shape, frame.f_code, frame.f_lasti, _now(), None, STARTED, None, async_op]
         if ring:
             self.slots[n % self.size] = record
             self.count = n + 1
@@ -163,6 +190,26 @@ class Recorder:
         return [r for r in ordered if r is not None], n - held
 
 
+def line_of(code: Any, lasti: int) -> Optional[int]:
+    """The source line of the instruction at byte offset ``lasti`` (a frame's ``f_lasti``) in ``code``: what the
+    frame's ``f_lineno`` said then (None where no line is). Records keep ``f_lasti`` and the line is found when a
+    record is read, because ``f_lineno`` scans the code's line table from the start on every read: about 0.4 us
+    in a short function, tens of microseconds near the end of a long one."""
+    if lasti < 0:
+        return code.co_firstlineno
+    if hasattr(code, "co_lines"):  # Python 3.10+
+        for start, end, line in code.co_lines():
+            if start <= lasti < end:
+                return line
+        return None
+    line = None
+    for offset, n in dis.findlinestarts(code):
+        if offset > lasti:
+            break
+        line = n
+    return line
+
+
 def as_dict(record: list) -> dict:
     """A record in the dump's entry format (:mod:`polydist.trace`)."""
     res, code = record[RES], record[CODE]
@@ -182,7 +229,7 @@ def as_dict(record: list) -> dict:
         "value": tensors is None,
         "async": record[ASYNC],
         "file": code.co_filename,
-        "line": record[LINE],
+        "line": line_of(code, record[LASTI]),
         "function": code.co_name,
         "start": record[START],
         "end": record[END],
