@@ -5,9 +5,11 @@
 
 One 2-rank ``mpiexec`` job (``--ranks 1``: one rank, no peer) (the parent starts it; ``--child`` is a rank). Rows, each timed in ``--blocks``
 blocks of back-to-back calls between two ``time.perf_counter_ns()`` reads, the blocks of all rows
-interleaved (block b starts with row b mod k) and each preceded by a raw ``mpi4py`` barrier; a block's time
+interleaved (each block in an order of its own, drawn from the block's number) and each preceded by a raw ``mpi4py`` barrier; a block's time
 is the maximum over the ranks; a row reports the median over its blocks, per call:
 
+* 8 B all-gather: raw ``mpi4py`` ``COMM_WORLD.Allgather`` and ``torch.distributed.all_gather_single`` (the
+  general path every operation but the lean all_reduce takes: checks, record, lane, work handle);
 * 8 B (a 2-element float32 tensor): raw ``mpi4py`` ``COMM_WORLD.Allreduce`` on NumPy arrays (the floor),
   ``polydist.all_reduce``, ``torch.distributed.all_reduce`` on the ``mpi`` group with the flight recorder
   and the watchdog on (the default) and off (``POLYDIST_TRACE=0``'s switch and the watchdog's);
@@ -33,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -75,6 +78,7 @@ def child(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     small, large = torch.ones(2), torch.ones(LARGE // 4)
+    gathered, gathered_np = torch.empty(2 * comm.Get_size()), np.empty(2 * comm.Get_size(), dtype=np.float32)
     a, b = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
     la, lb = np.ones(LARGE // 4, dtype=np.float32), np.empty(LARGE // 4, dtype=np.float32)
 
@@ -98,6 +102,8 @@ def child(args: argparse.Namespace) -> None:
         "polydist/8": lambda: pd.all_reduce(small),
         "dist/on/8": lambda: dist.all_reduce(small),
         "dist/off/8": lambda: dist.all_reduce(small),
+        "mpi4py-ag/8": lambda: comm.Allgather(a, gathered_np),
+        "dist-ag/on/8": lambda: dist.all_gather_single(gathered, small),
         "mpi4py/16M": lambda: comm.Allreduce(la, lb),
         "dist/on/16M": lambda: dist.all_reduce(large),
         "dist/off/16M": lambda: dist.all_reduce(large),
@@ -113,8 +119,9 @@ def child(args: argparse.Namespace) -> None:
             fns[name]()
     clock = time.perf_counter_ns
     for blk in range(args.blocks):
-        for k in range(len(names)):
-            name = names[(blk + k) % len(names)]
+        # each block in its own order, the same on every rank: a row run right after a 16 MiB row finds its
+        # caches cold (40 us for a 1-rank all_reduce), and a fixed rotation puts the same row there every time
+        for name in random.Random(blk).sample(names, len(names)):
             fn, n = fns[name], iters[name]
             switch("/off/" not in name)  # "off" rows: for their own blocks, on every rank alike
             comm.Barrier()
@@ -233,6 +240,8 @@ def main() -> None:
     ]
     labels = {
         "mpi4py": "raw mpi4py COMM_WORLD.Allreduce (floor)", "polydist": "polydist.all_reduce",
+        "mpi4py-ag": "raw mpi4py COMM_WORLD.Allgather (floor)",
+        "dist-ag/on": "torch.distributed.all_gather_single (the general path), recording + watchdog on",
         "dist/on": "torch.distributed.all_reduce, recording + watchdog on",
         "dist/off": "torch.distributed.all_reduce, recording + watchdog off",
         "ddp/on": "DDP training step, recording + watchdog on", "ddp/off": "DDP training step, recording + watchdog off",
@@ -240,7 +249,7 @@ def main() -> None:
     sizes = {"8": "8 B", "16M": "16 MiB", "step": "MLP, 19 k parameters"}
     for key, value in rows.items():
         kind, size = key.rsplit("/", 1)
-        floor = rows.get(f"mpi4py/{size}")
+        floor = rows.get(f"mpi4py-ag/{size}" if kind.startswith(("mpi4py-ag", "dist-ag")) else f"mpi4py/{size}")
         ratio = f"{value / floor:.2f}" if floor else "-"
         lines.append(f"| {labels[kind]} | {sizes[size]} | {value:.2f} | {ratio} |")
     lines += ["", "Per-call pieces of the Python group (one process, no MPI, no communication; run after the job):", "",

@@ -258,6 +258,49 @@ def test_async_collectives_are_pending_and_ordered(mpi_world3):
     assert results[0]["pending_after_call"] is True and results[0]["call_s"] < 0.3  # rank 1 was 0.5 s late
 
 
+def _coalesced(async_ops):
+    """torch's coalesced all-gathers and reduce-scatters (``_coalescing_manager``): one operation of the group each
+    (one record), outputs as the separate calls would fill them, whatever the dtypes, empty and strided ones too."""
+    from polydist.collectives.recorder import RECORDER, as_dict
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    ins = [torch.full((2,), float(r)), torch.arange(3, dtype=torch.int64) + 10 * r, torch.empty(0),
+           torch.tensor([r % 2 == 0])]  # fmt: skip
+    strided = torch.zeros(2, n).t()  # an output that is not contiguous: filled through a copy
+    outs = [torch.empty(2 * n), torch.empty(3 * n, dtype=torch.int64), torch.empty(0), torch.empty(n, dtype=torch.bool)]
+    first = RECORDER.count
+    with dist._coalescing_manager(async_ops=async_ops) as cm:
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+        dist.all_gather_into_tensor(strided, torch.tensor([r, -r], dtype=torch.float32))
+    if async_ops:
+        cm.wait()
+    gather_records = [as_dict(x)["collective"] for x in RECORDER.records()[0] if x[0] >= first]
+    rs_in = [torch.arange(2.0 * n) * (r + 1), torch.arange(3.0 * n) + r]
+    rs_out = [torch.empty(2), torch.empty(3)]
+    first = RECORDER.count
+    with dist._coalescing_manager(async_ops=async_ops) as cm:
+        for o, i in zip(rs_out, rs_in):
+            dist.reduce_scatter_tensor(o, i)
+    if async_ops:
+        cm.wait()
+    scatter_records = [as_dict(x)["collective"] for x in RECORDER.records()[0] if x[0] >= first]
+    return {"gathered": [o.tolist() for o in outs], "strided": strided.tolist(), "scattered": [o.tolist() for o in rs_out],
+            "records": (gather_records, scatter_records)}  # fmt: skip
+
+
+@pytest.mark.parametrize("async_ops", [False, True])
+def test_coalesced_gathers_and_reduce_scatters_are_one_operation_each(mpi_world3, async_ops):
+    results = mpi_world3.run(_coalesced, async_ops)
+    n = 3
+    for r, out in enumerate(results):
+        assert out["gathered"] == [[0.0, 0.0, 1.0, 1.0, 2.0, 2.0], [0, 1, 2, 10, 11, 12, 20, 21, 22], [], [True, False, True]]
+        assert out["strided"] == [[float(k), float(-k)] for k in range(n)]
+        total = torch.arange(2.0 * n) * 6, torch.arange(3.0 * n) * 3 + 3  # (1+2+3) x, and 3 x + (0+1+2)
+        assert out["scattered"] == [total[0][2 * r : 2 * r + 2].tolist(), total[1][3 * r : 3 * r + 3].tolist()]
+        assert out["records"] == (["all_gather_into_tensor_coalesced"], ["reduce_scatter_tensor_coalesced"])
+
+
 def _profiled():
     r, n = dist.get_rank(), dist.get_world_size()
     t = torch.ones(2, 3)

@@ -128,6 +128,28 @@ def test_the_torch_distributed_api_on_its_group(xla):
         dist.group.WORLD.send([x], 0, 0)
 
 
+def test_coalesced_gathers_and_reduce_scatters_on_the_xla_device(xla):
+    """torch's coalescing manager on the XLA group: one operation each, outputs on the XLA device filled."""
+    ins = [torch.arange(3.0, device=xla), torch.arange(2, dtype=torch.int64, device=xla)]
+    outs = [torch.empty(3, device=xla), torch.empty(2, dtype=torch.int64, device=xla)]
+    with dist._coalescing_manager():
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    assert [o.cpu().tolist() for o in outs] == [[0.0, 1.0, 2.0], [0, 1]]
+    rs = [torch.empty(2, device=xla), torch.empty(3, device=xla)]
+    with dist._coalescing_manager():
+        dist.reduce_scatter_tensor(rs[0], torch.ones(2, device=xla))
+        dist.reduce_scatter_tensor(rs[1], torch.arange(3.0, device=xla))
+    assert [o.cpu().tolist() for o in rs] == [[1.0, 1.0], [0.0, 1.0, 2.0]]
+
+
+def test_an_async_handle_keeps_its_own_result(xla):
+    """Blocking calls share one completed handle (torch.distributed drops it); an async call's is its own."""
+    a, b = torch.ones(2, device=xla), torch.zeros(3, device=xla)
+    wa, wb = dist.all_reduce(a, async_op=True), dist.all_reduce(b, async_op=True)
+    assert wa is not wb and wa.get_future().value()[0] is a and wb.result()[0] is b
+
+
 def test_auto_model_optim_and_dataloader_as_idist(xla):
     model = pd.auto_model(torch.nn.Linear(3, 1))
     assert type(model) is torch.nn.Linear and all(p.device.type == "xla" for p in model.parameters())

@@ -76,6 +76,19 @@ BAD_CALLS = {
         lambda g: g._reduce_scatter_base(_empty(2, dtype=f64), torch.ones(6)),
         "reduce_scatter: input dtype torch.float32 differs from output dtype torch.float64",
     ),
+    "all_gather_into_tensor coalesced: a short output": (
+        lambda g: g.allgather_into_tensor_coalesced([_empty(6), _empty(5)], [torch.ones(2), torch.ones(2)]),
+        "all_gather_into_tensor_coalesced: output 1 has 20 bytes, need input 1's 8 x group size 3",
+    ),
+    "reduce_scatter_tensor coalesced: a short input": (
+        lambda g: g.reduce_scatter_tensor_coalesced([_empty(2), _empty(2)], [torch.ones(6), torch.ones(5)]),
+        "reduce_scatter_tensor_coalesced: input 1 (5 x torch.float32) must hold output 1's 2 x torch.float32 elements"
+        " x group size 3",
+    ),
+    "reduce_scatter_tensor coalesced: fewer outputs than inputs": (
+        lambda g: g.reduce_scatter_tensor_coalesced([_empty(2)], [torch.ones(6), torch.ones(6)]),
+        "reduce_scatter_tensor_coalesced: 1 output tensors for 2 input tensors",
+    ),
 }
 
 
@@ -99,6 +112,8 @@ def test_a_tensor_off_the_cpu_is_named_by_every_check():
             lambda: group.broadcast([meta]),
             lambda: group.alltoall([torch.ones(3)] * 3, [meta] * 3),
             lambda: group.all_to_all_single(torch.ones(3), meta, [], []),
+            lambda: group.allgather_into_tensor_coalesced([torch.ones(9), torch.ones(9, device="meta")], [torch.ones(3)] * 2),
+            lambda: group.reduce_scatter_tensor_coalesced([torch.ones(1), torch.ones(1, device="meta")], [torch.ones(3)] * 2),
         ):
             with pytest.raises(ValueError, match=f"the {backend} backend moves CPU tensors only.*got a tensor on meta"):
                 call()

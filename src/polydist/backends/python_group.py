@@ -31,7 +31,7 @@ from ..errors import InvalidArgumentError
 from .direct import DirectProcessGroup
 from .tensors import Contiguous, byte_counts, bytes_of, unflatten
 from .watchdog import WATCHDOG, GroupTag, end_process, seconds
-from .work import DoneWork, Lane, LaneWork
+from .work import Lane, LaneWork
 
 __all__ = ["PythonProcessGroup", "NoPointToPoint", "opt", "check_cpu"]
 
@@ -43,7 +43,7 @@ def opt(opts: Any, name: str, default: Any) -> Any:
 
 def check_cpu(t: torch.Tensor, backend: str, why: str = "") -> None:
     """Raise :class:`~polydist.errors.InvalidArgumentError` (a ``ValueError`` and a ``RuntimeError``) naming ``t``'s device unless it is the CPU (``why``: the backend's reason, if any)."""
-    if t.device.type != "cpu":
+    if not t.is_cpu:  # not t.device.type: a device object per check
         raise InvalidArgumentError(
             f"the {backend} backend moves CPU tensors only{why}, got a tensor on {t.device}; "
             "use nccl for CUDA tensors or copy to the CPU"
@@ -66,9 +66,9 @@ class PythonProcessGroup(DirectProcessGroup):
 
     def __init__(self, rank: int, size: int, backend: str) -> None:
         super().__init__(rank, size)
+        self._rank, self._size = rank, size  # rank() and size() go through torch's C++ binding: 1 us a call
         self._backend = backend
         self._lane = Lane(backend)
-        self._done = DoneWork(None, backend=backend)  # what a blocking fast path returns (work.py: DoneWork)
         self._group_name = ""
         self._seq = 0  # operations started on this group, whoever called them: the same count on every member
         self._tag = GroupTag(tuple(range(size)), rank, seconds(None))
@@ -77,8 +77,8 @@ class PythonProcessGroup(DirectProcessGroup):
     def _configure(self, global_ranks: Optional[Sequence[int]], timeout: Optional[timedelta]) -> None:
         """Set the group's global ranks (None or empty: the world) and timeout (None: torch's default), which its
         records and the watchdog use; the creator calls it with what torch.distributed gave."""
-        ranks = tuple(global_ranks) if global_ranks else tuple(range(self.size()))
-        self._tag = GroupTag(ranks, ranks[self.rank()], seconds(timeout))
+        ranks = tuple(global_ranks) if global_ranks else tuple(range(self._size))
+        self._tag = GroupTag(ranks, ranks[self._rank], seconds(timeout))
         WATCHDOG.retune()
 
     def _configured(self, opts: Any) -> "PythonProcessGroup":
@@ -203,9 +203,9 @@ class PythonProcessGroup(DirectProcessGroup):
 
     def _per_rank(self, what: str, name: str, tensors: Sequence[torch.Tensor]) -> None:
         """``tensors``: one per group rank."""
-        if len(tensors) != self.size():
+        if len(tensors) != self._size:
             raise InvalidArgumentError(
-                f"{what}: invalid {name} tensor list (expected length {self.size()}, one per group rank, got {len(tensors)})"
+                f"{what}: invalid {name} tensor list (expected length {self._size}, one per group rank, got {len(tensors)})"
             )
 
     def _one_per_rank(self, what: str, name: str, tensors: Sequence[torch.Tensor], like: torch.Tensor, like_name: str) -> None:
@@ -253,7 +253,7 @@ class PythonProcessGroup(DirectProcessGroup):
         raise NotImplementedError
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
-        size = self.size()
+        size = self._size
         if input.numel() != output.numel() * size:
             raise InvalidArgumentError(
                 f"reduce_scatter: input has {input.numel()} elements, need output's {output.numel()} x group size {size}"
@@ -274,7 +274,7 @@ class PythonProcessGroup(DirectProcessGroup):
     def broadcast(self, tensors: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
         self._cpu(*tensors)
-        here = self.rank() == root
+        here = self._rank == root
 
         def body() -> None:
             for t in tensors:
@@ -284,7 +284,7 @@ class PythonProcessGroup(DirectProcessGroup):
         return self._run("broadcast", body, tensors, opts, tensors, root=root)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
-        size = self.size()
+        size = self._size
         if output.nbytes != input.nbytes * size:
             raise InvalidArgumentError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {size}")
         self._cpu(input, output)
@@ -309,7 +309,7 @@ class PythonProcessGroup(DirectProcessGroup):
 
     def _gather_list(self, outs: list, inp: torch.Tensor, root: Any) -> None:
         """Every rank's ``inp`` into ``outs`` (rank order): all ranks' when ``root`` is None, else root's only."""
-        flat = torch.empty(inp.nbytes * self.size(), dtype=torch.uint8) if root in (None, self.rank()) else None
+        flat = torch.empty(inp.nbytes * self._size, dtype=torch.uint8) if root in (None, self._rank) else None
         with Contiguous(inp, write_back=False) as src:
             if root is None:
                 self._allgather_into(flat, src)
@@ -320,7 +320,7 @@ class PythonProcessGroup(DirectProcessGroup):
 
     def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``), in one all-gather."""
-        size = self.size()
+        size = self._size
         if len(output_lists) != size or any(len(outs) != len(inputs) for outs in output_lists):
             raise InvalidArgumentError(
                 f"all_gather_coalesced: need {size} output lists (one per rank) of {len(inputs)} tensors each, "
@@ -343,14 +343,14 @@ class PythonProcessGroup(DirectProcessGroup):
     def gather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
         self._cpu(inputs[0])
-        if self.rank() == root:
+        if self._rank == root:
             self._one_per_rank("gather", "output", output_lists[0], inputs[0], "input")
-        outs = output_lists[0] if self.rank() == root else []
+        outs = output_lists[0] if self._rank == root else []
         return self._run("gather", lambda: self._gather_list(outs, inputs[0], root), output_lists, opts, inputs, root=root)
 
     def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
-        here = self.rank() == root
+        here = self._rank == root
         self._cpu(outputs[0])
         if here:
             self._one_per_rank("scatter", "input", input_lists[0], outputs[0], "output")
@@ -367,7 +367,7 @@ class PythonProcessGroup(DirectProcessGroup):
         input_split_sizes: Sequence[int], opts: Any = None,
     ) -> LaneWork:  # fmt: skip
         """torch's rule: with no split sizes, dim 0 splits evenly and both sides hold the same bytes."""
-        size = self.size()
+        size = self._size
         self._cpu(input, output)
         even = not output_split_sizes and not input_split_sizes
         if even and input.nbytes != output.nbytes:
@@ -423,14 +423,53 @@ class PythonProcessGroup(DirectProcessGroup):
         works = [self.reduce_scatter_single(out, torch.cat([t.reshape(-1) for t in ins]), opts) for out, ins in zip(outputs, input_lists)]
         return works[-1] if len(works) == 1 else self._after(works, outputs, opts)
 
+    def _pairs(self, what: str, outputs: list, inputs: list) -> None:
+        if len(outputs) != len(inputs):
+            raise InvalidArgumentError(f"{what}: {len(outputs)} output tensors for {len(inputs)} input tensors")
+
     def reduce_scatter_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
-        return self._after([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs, opts)
+        """torch's ``reduce_scatter_tensor`` calls coalesced (``_coalescing_manager``): ``outputs[i]`` receives
+        this rank's block of the reduced ``inputs[i]``. One operation of the group (one record, one run on the
+        lane), every pair checked before anything is sent; the transport reduces the pairs in
+        :meth:`_reduce_scatter_pairs`."""
+        what = "reduce_scatter_tensor_coalesced"
+        self._pairs(what, outputs, inputs)
+        size, red = self._size, opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+            if inp.numel() != out.numel() * size or inp.dtype != out.dtype:
+                raise InvalidArgumentError(f"{what}: input {i} ({inp.numel()} x {inp.dtype}) must hold output {i}'s "
+                                           f"{out.numel()} x {out.dtype} elements x group size {size}")  # fmt: skip
+        self._cpu(*outputs)
+        plans = self._plans(inputs, red)
+        return self._run(what, lambda: self._reduce_scatter_pairs(outputs, inputs, plans), outputs, opts, inputs, red=red)
+
+    def _reduce_scatter_pairs(self, outputs: list, inputs: list, plans: list) -> None:
+        for out, inp, plan in zip(outputs, inputs, plans):
+            self._reduce_scatter_now(out, inp, plan)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
     def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
-        return self._after([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs, opts)
+        """torch's ``all_gather_into_tensor`` calls coalesced (``_coalescing_manager``): ``outputs[i]`` receives
+        every rank's ``inputs[i]`` in rank order. One operation of the group (one record, one run on the lane),
+        every pair checked before anything is sent; the transport moves the pairs in :meth:`_allgather_pairs`."""
+        what = "all_gather_into_tensor_coalesced"
+        self._pairs(what, outputs, inputs)
+        size = self._size
+        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+            if out.nbytes != inp.nbytes * size:
+                raise InvalidArgumentError(f"{what}: output {i} has {out.nbytes} bytes, need input {i}'s {inp.nbytes} "
+                                           f"x group size {size}")  # fmt: skip
+        self._cpu(*inputs, *outputs)
+        return self._run(what, lambda: self._allgather_pairs(outputs, inputs), outputs, opts, inputs)
+
+    def _allgather_pairs(self, outputs: list, inputs: list) -> None:
+        """Every rank's ``inputs[i]`` into ``outputs[i]``, one :meth:`_allgather_into` a pair (a transport with a
+        non-blocking all-gather has them all in flight at once instead)."""
+        for out, inp in zip(outputs, inputs):
+            with Contiguous(inp, write_back=False) as src, Contiguous(out) as dst:
+                self._allgather_into(dst, src)
 
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
         return self.all_gather_single_coalesced(outputs, inputs, opts)

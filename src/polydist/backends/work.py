@@ -232,6 +232,7 @@ class Lane:
         self.pending = 0
         self.current: Optional[list] = None  # the record of the operation running now (inline or on the worker)
         self.since = 0.0  # when it started running (time.time())
+        self.done = DoneWork(None, backend=backend)  # what every blocking call run inline returns (DoneWork)
         self._queue: collections.deque = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._thread: Optional[threading.Thread] = None
@@ -242,7 +243,8 @@ class Lane:
     ) -> LaneWork:  # fmt: skip
         """Run ``body`` (the MPI calls) in order with this lane's other work; LaneWork for its ``result``.
 
-        Inline when ``blocking`` and nothing is queued and no profiler records;
+        Inline when ``blocking`` and nothing is queued and no profiler records,
+        returning the lane's one :class:`DoneWork` (``body``'s errors raised here);
         otherwise queued. Errors raised by ``body`` reach ``wait()`` and the future.
         ``op`` names the profiler event ``"<backend>:<op>"``. ``record``: the
         operation's flight-recorder record, shown to the watchdog while ``body``
@@ -251,7 +253,7 @@ class Lane:
         profiled = profiling()
         if blocking and not self.pending and not profiled:
             self.inline(body, record, owned)
-            return LaneWork(result, backend=self.backend)
+            return self.done.completed(result)
         event = _record(self.backend, op, tensors) if profiled else None
         work = LaneWork(result, queued=True, record=event, backend=self.backend)
         with self._cond:

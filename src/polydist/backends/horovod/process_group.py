@@ -134,7 +134,7 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
         return list(self._global_ranks)
 
     def __repr__(self) -> str:
-        return f"<HorovodProcessGroup rank={self.rank()} size={self.size()} ranks={self._global_ranks}>"
+        return f"<HorovodProcessGroup rank={self._rank} size={self._size} ranks={self._global_ranks}>"
 
     def _on(self, op: str) -> dict:
         """The keywords of the next Horovod operation: a name (Horovod pairs the ranks' calls by name), the set."""
@@ -181,21 +181,21 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
             for t, plan in zip(tensors, plans):
                 c = t.clone(memory_format=torch.contiguous_format)  # non-root inputs stay untouched
                 self._reduce_now(c, plan)
-                if self.rank() == root:
+                if self._rank == root:
                     t.copy_(c)
 
         return self._run("reduce", body, tensors, opts, tensors)
 
     def _reduce_scatter_now(self, output: torch.Tensor, input: torch.Tensor, plan: tuple[str, str]) -> None:
         name, how = plan
-        size = self.size()
+        size = self._size
         if how == "native" and name in ("SUM", "AVG") and output.numel():
             rows = input.reshape(size, -1).contiguous()
             mine = hvd().reducescatter(rows, op=getattr(hvd(), _HVD_OPS[name]), **self._on("reducescatter"))
         else:
             whole = input.clone(memory_format=torch.contiguous_format)
             self._reduce_now(whole, plan)
-            mine = whole.reshape(size, -1)[self.rank()]
+            mine = whole.reshape(size, -1)[self._rank]
         output.copy_(mine.reshape(output.shape))
 
     # ------------------------------------------------------------ data movement: Horovod's collectives on bytes
@@ -213,7 +213,7 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
             bytes_of(dst).copy_(rows.reshape(-1))
 
     def _scatter_from(self, src: Optional[torch.Tensor], dst: torch.Tensor, root: int) -> None:
-        n = self.size()  # Horovod has no scatter: an all-to-all in which only the root sends
+        n = self._size  # Horovod has no scatter: an all-to-all in which only the root sends
         if src is None:
             src, send = torch.empty(0, dtype=torch.uint8), [0] * n
         else:

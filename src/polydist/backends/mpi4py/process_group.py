@@ -86,7 +86,7 @@ class MPIProcessGroup(PythonProcessGroup):
         self.comm = comm
 
     def __repr__(self) -> str:
-        return f"<MPIProcessGroup {self._backend} rank={self.rank()} size={self.size()}>"
+        return f"<MPIProcessGroup {self._backend} rank={self._rank} size={self._size}>"
 
     def _cannot_cancel(self) -> str:
         return "A blocked MPI collective cannot be cancelled: MPI_Abort ends the job after this rank's dump"
@@ -123,7 +123,7 @@ class MPIProcessGroup(PythonProcessGroup):
             plan = _mpi.PLANS.get((t.dtype, opts.reduceOp.op.value))  # the enum's int: hashing the enum is slow
             if plan is not None and not self._lane.pending and t.is_cpu and t.is_contiguous() and not profiling():
                 self._lean_allreduce(t, plan)
-                return self._done.completed(tensors)
+                return self._lane.done.completed(tensors)
         return super().allreduce(tensors, opts)
 
     def _lean_allreduce(self, t: torch.Tensor, plan: tuple) -> None:
@@ -231,6 +231,24 @@ class MPIProcessGroup(PythonProcessGroup):
             return
         src = apart(src, dst)  # held here: MPI reads the memory by address
         self.comm.Allgather(_mpi.raw(src), _mpi.raw(dst))
+
+    def _allgather_pairs(self, outputs: list, inputs: list) -> None:
+        """Every pair's ``MPI_Iallgather`` started, then one ``Waitall``: the pairs' messages in flight together,
+        so a coalesced call pays one round of latency, not one a pair. Aliasing as :meth:`_allgather_into`."""
+        rank, requests, held, back = self.comm.Get_rank(), [], [], []
+        for out, inp in zip(outputs, inputs):
+            dst = out if out.is_contiguous() else out.contiguous()
+            if own_slot(inp, dst, rank):
+                requests.append(self.comm.Iallgather(_mpi.MPI.IN_PLACE, _mpi.raw(dst)))
+            else:
+                src = apart(inp if inp.is_contiguous() else inp.contiguous(), dst)
+                held.append(src)  # MPI reads the memory by address until Waitall
+                requests.append(self.comm.Iallgather(_mpi.raw(src), _mpi.raw(dst)))
+            if dst is not out:
+                back.append((out, dst))
+        _mpi.MPI.Request.Waitall(requests)
+        for out, dst in back:
+            out.copy_(dst)
 
     def _gather_into(self, dst: Optional[torch.Tensor], src: torch.Tensor, root: int) -> None:
         self.comm.Gather(_mpi.raw(src), None if dst is None else _mpi.raw(dst), root)

@@ -88,7 +88,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
         super().__init__(rank, size, BACKEND_NAME)
 
     def __repr__(self) -> str:
-        return f"<XlaProcessGroup rank={self.rank()} size={self.size()}>"
+        return f"<XlaProcessGroup rank={self._rank} size={self._size}>"
 
     def _run(
         self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor],
@@ -99,7 +99,12 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
         Recorded and watched as every Python group's operation is (``root``, ``red``: see the base class)."""
         record, owned = self._begin(op, inputs, root, red, False)
         self._lane.inline(body, record, owned)
-        return LaneWork(result, backend=BACKEND_NAME)
+        if opt(opts, "asyncOp", True):  # a handle the program keeps: its own (result(), get_future())
+            return LaneWork(result, backend=BACKEND_NAME)
+        return self._lane.done.completed(result)
+
+    def _cpu(self, *tensors: torch.Tensor) -> None:
+        """No device rule: XLA moves tensors on the XLA device and on the CPU alike (the template's check)."""
 
     # ------------------------------------------------------------ the two primitives everything else uses
 
@@ -118,7 +123,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
             return
         if name in _XM_OPS and t.dtype != torch.bool and not t.dtype.is_complex:
             work = t if t.device.type == "xla" else t.to(xla_device())
-            xm().all_reduce(_XM_OPS[name], [work], scale=1.0 / self.size() if name == "AVG" else 1.0)
+            xm().all_reduce(_XM_OPS[name], [work], scale=1.0 / self._size if name == "AVG" else 1.0)
             if work is not t:
                 t.copy_(work.to(t.device))
             return
@@ -146,26 +151,18 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
             for t, name in zip(tensors, names):
                 c = t.clone()  # the other ranks' inputs stay untouched
                 self._reduce_now(c, name)
-                if self.rank() == root:
+                if self._rank == root:
                     t.copy_(c)
 
         return self._run("reduce", body, tensors, opts, tensors)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
-        size = self.size()
-        if input.numel() != output.numel() * size or input.dtype != output.dtype:
-            raise InvalidArgumentError(
-                f"reduce_scatter: input ({input.numel()} x {input.dtype}) must hold output's {output.numel()} "
-                f"x {output.dtype} elements x group size {size}"
-            )
-        name = _checked(input, opt(opts, "reduceOp", dist.ReduceOp.SUM))
+    def _reduce_plan(self, t: torch.Tensor, op: Any) -> str:
+        return _checked(t, op)
 
-        def body() -> None:
-            whole = input.clone()
-            self._reduce_now(whole, name)
-            output.copy_(whole.reshape(size, -1)[self.rank()].reshape(output.shape))
-
-        return self._run("reduce_scatter_tensor", body, output, opts, [input])
+    def _reduce_scatter_now(self, output: torch.Tensor, input: torch.Tensor, name: str) -> None:
+        whole = input.clone()
+        self._reduce_now(whole, name)
+        output.copy_(whole.reshape(self._size, -1)[self._rank].reshape(output.shape))
 
     # ------------------------------------------------------------ data movement
 
@@ -186,16 +183,13 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
         """Every rank's ``inp`` (same shape everywhere) as a CPU byte row per rank."""
         return self._rows(_bytes_of(inp))
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
-        if output.nbytes != input.nbytes * self.size():
-            raise InvalidArgumentError(f"all_gather: output has {output.nbytes} bytes, need input's {input.nbytes} x group size {self.size()}")
-        return self._run("all_gather_into_tensor", lambda: unflatten(torch.cat(self._gathered(input)), [output], by_bytes=True),
-                         output, opts, [input])
+    def _allgather_into(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        unflatten(torch.cat(self._gathered(src)), [dst], by_bytes=True)
 
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
         for outs, inp in zip(output_lists, inputs):
-            _check_outputs("all_gather", outs, inp, self.size())
+            _check_outputs("all_gather", outs, inp, self._size)
 
         def body() -> None:
             for outs, inp in zip(output_lists, inputs):
@@ -205,8 +199,8 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
 
     def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
         """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``)."""
-        if len(output_lists) != self.size() or any(len(outs) != len(inputs) for outs in output_lists):
-            raise InvalidArgumentError(f"all_gather_coalesced: need {self.size()} output lists of {len(inputs)} tensors each")
+        if len(output_lists) != self._size or any(len(outs) != len(inputs) for outs in output_lists):
+            raise InvalidArgumentError(f"all_gather_coalesced: need {self._size} output lists of {len(inputs)} tensors each")
 
         def body() -> None:
             flat = torch.cat([_bytes_of(t) for t in inputs]) if inputs else torch.empty(0, dtype=torch.uint8)
@@ -216,9 +210,9 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
         return self._run("all_gather_coalesced", body, output_lists, opts, inputs)
 
     def gather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
-        here = self.rank() == opt(opts, "rootRank", 0)
+        here = self._rank == opt(opts, "rootRank", 0)
         if here:
-            _check_outputs("gather", output_lists[0], inputs[0], self.size())
+            _check_outputs("gather", output_lists[0], inputs[0], self._size)
 
         def body() -> None:
             rows = self._gathered(inputs[0])
@@ -229,13 +223,13 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
 
     def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
         root = opt(opts, "rootRank", 0)
-        here = self.rank() == root
+        here = self._rank == root
         if here:
-            _check_outputs("scatter", input_lists[0], outputs[0], self.size())
+            _check_outputs("scatter", input_lists[0], outputs[0], self._size)
 
         def body() -> None:
             sent = torch.cat([_bytes_of(t) for t in input_lists[0]]) if here else torch.empty(0, dtype=torch.uint8)
-            mine = self._rows(sent)[root].reshape(self.size(), -1)[self.rank()]
+            mine = self._rows(sent)[root].reshape(self._size, -1)[self._rank]
             unflatten(mine, outputs, by_bytes=True)
 
         return self._run("scatter", body, outputs, opts, input_lists[0] if here else outputs)
@@ -244,7 +238,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
         """All-to-all of byte counts ``send[i]`` (to rank i) out of ``flat``: what came in, in rank order."""
         counts = self._rows(torch.tensor(list(send), dtype=torch.int64).view(torch.uint8))
         rows = self._rows(flat)
-        me = self.rank()
+        me = self._rank
         got = []
         for row, raw in zip(rows, counts):
             split = raw.view(torch.int64).tolist()
@@ -256,7 +250,7 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
         self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
         input_split_sizes: Sequence[int], opts: Any = None,
     ) -> LaneWork:  # fmt: skip
-        size = self.size()
+        size = self._size
         send = byte_counts(input, input_split_sizes, size, "input")
         recv = byte_counts(output, output_split_sizes, size, "output")
 
@@ -269,8 +263,8 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
         return self._run("all_to_all", body, output, opts, [input])
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
-        if len(inputs) != self.size() or len(outputs) != self.size():
-            raise InvalidArgumentError(f"all_to_all: need {self.size()} inputs and outputs, got {len(inputs)} and {len(outputs)}")
+        if len(inputs) != self._size or len(outputs) != self._size:
+            raise InvalidArgumentError(f"all_to_all: need {self._size} inputs and outputs, got {len(inputs)} and {len(outputs)}")
 
         def body() -> None:
             got = self._all_to_all_bytes(torch.cat([_bytes_of(t) for t in inputs]), [t.nbytes for t in inputs])
