@@ -54,7 +54,7 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when ``a`` and ``b`` may share memory (their byte ranges intersect; conservative for strided views)."""
-    if a.numel() == 0 or b.numel() == 0 or (a.is_cpu != b.is_cpu or (not a.is_cpu and a.device != b.device)):
+    if a.numel() == 0 or b.numel() == 0 or (not (a.is_cpu and b.is_cpu) and a.device != b.device):
         return False
     (a0, a1), (b0, b1) = _span(a), _span(b)
     return a0 < b1 and b0 < a1

@@ -275,6 +275,21 @@ class Lane:
         if error is not None:
             raise error
 
+    def inline_call(self, record: list, owned: bool, fn: Callable[..., Any], *args: Any) -> None:
+        """:meth:`inline` of ``fn(*args)`` with a ``record`` (not None), flattened: the lean all-reduce's path,
+        where each Python call saved is a tenth of the MPI call's time."""
+        self.since, self.current = record[START], record
+        try:
+            fn(*args)
+        except BaseException as e:
+            self.current = None
+            if owned:
+                RECORDER.fail(record, e)
+            raise
+        self.current = None
+        if owned:
+            RECORDER.end(record)
+
     def _execute(
         self, body: Callable[[], None], record: Optional[list], owned: bool, since: float,
     ) -> Optional[BaseException]:  # fmt: skip

@@ -15,8 +15,9 @@ A record is a plain list, filled in place; the cost on the caller's path is
 one frame walk, one ``time.time()`` at each end and a list store, about a
 microsecond (benchmarks/trace_cost.py). The caller's line is found only when a
 record is read (:func:`line_of`): the record keeps the frame's instruction
-offset, since ``f_lineno`` scans the function's line table on every read. Tensors are never kept: only their
-dtype and shape, so the buffer holds no memory of the program's. Records are
+offset, since ``f_lineno`` scans the function's line table on every read.
+Tensors are never kept: only their dtype and shape, so the buffer holds no
+memory of the program's. Records are
 turned into the dump's dictionaries (:func:`as_dict`) only when a dump or a
 profile asks.
 """

@@ -54,7 +54,6 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ...collectives.recorder import RECORDER, START
 from ...errors import InvalidArgumentError
 from . import _mpi
 from ..python_group import PythonProcessGroup, opt
@@ -127,27 +126,13 @@ class MPIProcessGroup(PythonProcessGroup):
         return super().allreduce(tensors, opts)
 
     def _lean_allreduce(self, t: torch.Tensor, plan: tuple) -> None:
-        """All-reduce contiguous CPU ``t`` in place by its learnt ``plan`` (recorded, watched), on this thread.
-
-        The lane's inline run, flattened: each Python call saved here is a tenth of the MPI call's time
-        (benchmarks/torch_path_cost.py)."""
+        """All-reduce contiguous CPU ``t`` in place by its learnt ``plan`` (recorded, watched), on this thread."""
         record, owned = self._begin("all_reduce", (t,), None, plan[3], False)
         buf = _mpi.cached_buffer(t, plan[0])
         if record is None:
             self.comm.Allreduce(_mpi.MPI.IN_PLACE, buf, plan[1])
         else:
-            lane = self._lane
-            lane.since, lane.current = record[START], record  # what the watchdog reads
-            try:
-                self.comm.Allreduce(_mpi.MPI.IN_PLACE, buf, plan[1])
-            except BaseException as e:
-                lane.current = None
-                if owned:
-                    RECORDER.fail(record, e)
-                raise
-            lane.current = None
-            if owned:
-                RECORDER.end(record)
+            self._lane.inline_call(record, owned, self.comm.Allreduce, _mpi.MPI.IN_PLACE, buf, plan[1])
         if plan[2]:
             t.div_(self.comm.Get_size())
 
@@ -225,25 +210,28 @@ class MPIProcessGroup(PythonProcessGroup):
     def _broadcast_now(self, c: torch.Tensor, root: int) -> None:
         self.comm.Bcast(_mpi.raw(c), root)
 
+    def _allgather_buffers(self, dst: torch.Tensor, src: torch.Tensor) -> tuple:
+        """``(send, receive, held)`` for an all-gather of contiguous ``src`` into contiguous ``dst``: ``MPI_IN_PLACE``
+        for FSDP2's in-place layout (``src`` is this rank's slot of ``dst``), else ``src`` or, where it overlaps
+        ``dst``, a copy. ``held``: the send tensor, to keep alive while MPI reads its memory by address."""
+        if own_slot(src, dst, self.comm.Get_rank()):
+            return _mpi.MPI.IN_PLACE, _mpi.raw(dst), None
+        src = apart(src, dst)
+        return _mpi.raw(src), _mpi.raw(dst), src
+
     def _allgather_into(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        if own_slot(src, dst, self.comm.Get_rank()):  # FSDP2's in-place all-gather
-            self.comm.Allgather(_mpi.MPI.IN_PLACE, _mpi.raw(dst))
-            return
-        src = apart(src, dst)  # held here: MPI reads the memory by address
-        self.comm.Allgather(_mpi.raw(src), _mpi.raw(dst))
+        send, receive, _held = self._allgather_buffers(dst, src)
+        self.comm.Allgather(send, receive)
 
     def _allgather_pairs(self, outputs: list, inputs: list) -> None:
         """Every pair's ``MPI_Iallgather`` started, then one ``Waitall``: the pairs' messages in flight together,
         so a coalesced call pays one round of latency, not one a pair. Aliasing as :meth:`_allgather_into`."""
-        rank, requests, held, back = self.comm.Get_rank(), [], [], []
+        requests, held, back = [], [], []
         for out, inp in zip(outputs, inputs):
             dst = out if out.is_contiguous() else out.contiguous()
-            if own_slot(inp, dst, rank):
-                requests.append(self.comm.Iallgather(_mpi.MPI.IN_PLACE, _mpi.raw(dst)))
-            else:
-                src = apart(inp if inp.is_contiguous() else inp.contiguous(), dst)
-                held.append(src)  # MPI reads the memory by address until Waitall
-                requests.append(self.comm.Iallgather(_mpi.raw(src), _mpi.raw(dst)))
+            send, receive, src = self._allgather_buffers(dst, inp if inp.is_contiguous() else inp.contiguous())
+            held.append(src)  # MPI reads the memory by address until Waitall
+            requests.append(self.comm.Iallgather(send, receive))
             if dst is not out:
                 back.append((out, dst))
         _mpi.MPI.Request.Waitall(requests)
