@@ -7,7 +7,8 @@ combination it would fail inside (gloo's ``Invalid scalar type`` for uint16)
 is a ``TypeError`` naming dtype, op and backend before anything is sent
 (:func:`check_backend`, called by the pipeline once the group is known).
 Each backend's table is a trait of its entry in
-:mod:`polydist.backends.registry`, which declares it here.
+:mod:`polydist.backends.registry` and is read from there: there is no second,
+name-keyed copy.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
-__all__ = ["OpLike", "SPELLINGS", "resolve_op", "to_reduce_op", "check_op_dtype", "op_for", "Reductions", "declare", "check_backend"]
+__all__ = ["OpLike", "SPELLINGS", "resolve_op", "to_reduce_op", "check_op_dtype", "op_for", "Reductions", "mark_suspects", "check_backend"]
 
 OpLike = Union[str, "dist.ReduceOp", "dist.ReduceOp.RedOpType"]
 
@@ -138,7 +139,7 @@ def check_op_dtype(name: str, dtype: torch.dtype) -> None:
 
 @dataclass(frozen=True)
 class Reductions:
-    """What one backend can reduce: a trait of its registry entry (``reductions``), declared once (:func:`declare`).
+    """What one backend can reduce: a trait of its registry entry (``reductions``), checked by :func:`check_backend`.
 
     Attributes:
         backend: the backend's name, as ``torch.distributed.get_backend`` gives it.
@@ -151,6 +152,7 @@ class Reductions:
     dtypes: frozenset
     refused: dict = field(default_factory=dict)
     source: str = ""
+    accepted: set = field(default_factory=set, compare=False, repr=False)  # (op, dtype) pairs already checked
 
     def why_not(self, name: str, dtype: torch.dtype) -> Optional[str]:
         """None when the backend reduces ``dtype`` under op ``name``; else the reason, for a ``TypeError``."""
@@ -162,33 +164,31 @@ class Reductions:
         return None
 
 
-_BY_BACKEND: dict[str, Reductions] = {}
-_BACKEND_OK: set[tuple[str, str, torch.dtype]] = set()  # (backend, op, dtype) already accepted
-
-
 _ALL_DTYPES = tuple(d for d in vars(torch).values() if isinstance(d, torch.dtype))
 # (op, dtype) pairs that some declared backend refuses: only these need the group's backend checked, so
 # the hot path (float32 SUM, say) pays one set lookup (see collectives/reduce.py's all_reduce).
 SUSPECT: set[tuple[str, torch.dtype]] = set()
 
 
-def declare(table: Reductions) -> Reductions:
-    """Declare (or replace) what ``table.backend`` reduces; returns ``table``."""
-    _BY_BACKEND[table.backend] = table
-    _BACKEND_OK.clear()
+def mark_suspects(table: Reductions) -> Reductions:
+    """Add the (op, dtype) pairs ``table`` refuses to :data:`SUSPECT`; returns ``table``.
+
+    Called by :func:`polydist.backends.registry.declare` for every entry with a table.
+    """
     SUSPECT.update((name, d) for name in _CANONICAL.values() for d in _ALL_DTYPES if table.why_not(name, d))
     return table
 
 
-def check_backend(backend: str, name: str, dtype: torch.dtype) -> None:
-    """Raise ``TypeError`` naming dtype, op and backend when ``backend`` cannot reduce ``dtype`` under ``name``.
+def check_backend(table: Optional[Reductions], name: str, dtype: torch.dtype) -> None:
+    """Raise ``TypeError`` naming dtype, op and backend when the backend of ``table`` cannot reduce ``dtype``
+    under op ``name``.
 
-    A backend without a declared table is not second-guessed: its own errors stand.
+    ``table`` is the group's registry entry's ``reductions``; None (a backend without a declared table) is
+    not second-guessed: its own errors stand.
     """
-    if (backend, name, dtype) in _BACKEND_OK:
+    if table is None or (name, dtype) in table.accepted:
         return
-    table = _BY_BACKEND.get(backend)
-    why = table.why_not(name, dtype) if table is not None else None
+    why = table.why_not(name, dtype)
     if why is not None:
         raise TypeError(f"{why}; convert the tensor to a dtype it reduces, e.g. int32, int64 or float32")
-    _BACKEND_OK.add((backend, name, dtype))
+    table.accepted.add((name, dtype))

@@ -151,11 +151,6 @@ def test_graph_sees_function_level_imports():
     assert {"polydist.launch.cli", "polydist.bench.cli", "polydist.trace.cli"} <= graph["polydist.cli"]
 
 
-# Still open, through modules other work is changing: backends/ (python_group, work,
-# watchdog) import collectives/recorder and timeouts while collectives/reduce asks
-# backends/registry. strict: the marker goes when it is fixed.
-_OPEN = pytest.mark.xfail(strict=True, reason="backends <-> collectives")
-
 # The application folders: each depends only downward, and no file in them is on a circle.
 _APPLICATIONS = ("polydist.trace", "polydist.bench", "polydist.launch")
 
@@ -173,7 +168,6 @@ def test_no_circle_of_files():
     assert not cycles, "file-level import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
-@_OPEN
 def test_no_circle_of_folders():
     cycles = find_cycles(folder_graph(import_graph()))
     assert not cycles, "folder-level import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)

@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 
 from polydist import ops
+from polydist.backends import registry
 
 
 @pytest.mark.parametrize(
@@ -53,7 +54,7 @@ REFUSED = [
 @pytest.mark.parametrize("backend, op, dtype", REFUSED)
 def test_backend_refusal_names_dtype_op_and_backend(backend, op, dtype):
     with pytest.raises(TypeError) as info:
-        ops.check_backend(backend, op, dtype)
+        ops.check_backend(registry.get(backend).reductions, op, dtype)
     message = str(info.value)
     assert str(dtype) in message and op in message and f"the {backend} backend" in message
 
@@ -68,16 +69,21 @@ ACCEPTED = [
 
 @pytest.mark.parametrize("backend, op, dtype", ACCEPTED)
 def test_backend_accepts(backend, op, dtype):
-    ops.check_backend(backend, op, dtype)
+    ops.check_backend(registry.get(backend).reductions, op, dtype)
 
 
-def test_each_backend_is_one_declared_table():
-    table = ops.declare(ops.Reductions("toy", frozenset({torch.float32}), refused={"MAX": frozenset({torch.float32})}))
-    try:
-        ops.check_backend("toy", "SUM", torch.float32)
-        with pytest.raises(TypeError, match="toy backend cannot reduce dtype torch.float32 with op MAX"):
-            ops.check_backend("toy", "MAX", torch.float32)
-        with pytest.raises(TypeError, match="it reduces float32"):
-            ops.check_backend("toy", "SUM", torch.int8)
-    finally:
-        ops._BY_BACKEND.pop(table.backend)
+def test_a_table_checks_its_own_pairs_and_remembers_what_it_accepted():
+    table = ops.Reductions("toy", frozenset({torch.float32}), refused={"MAX": frozenset({torch.float32})})
+    ops.check_backend(table, "SUM", torch.float32)
+    assert ("SUM", torch.float32) in table.accepted
+    with pytest.raises(TypeError, match="toy backend cannot reduce dtype torch.float32 with op MAX"):
+        ops.check_backend(table, "MAX", torch.float32)
+    with pytest.raises(TypeError, match="it reduces float32"):
+        ops.check_backend(table, "SUM", torch.int8)
+    assert table.accepted == {("SUM", torch.float32)}  # a refusal is never remembered as accepted
+    ops.check_backend(None, "MAX", torch.uint64)  # no table: nothing second-guessed
+
+
+def test_there_is_one_table_per_backend_the_registry_entrys():
+    assert not hasattr(ops, "_BY_BACKEND") and not hasattr(ops, "declare")
+    assert registry.get("gloo").reductions.backend == "gloo"

@@ -26,13 +26,10 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture
 def declared():
     """Declare entries for the test; the registry and the reduction tables are restored afterwards."""
-    entries, tables, suspect = dict(registry._ENTRIES), dict(ops._BY_BACKEND), set(ops.SUSPECT)
+    entries, suspect = dict(registry._ENTRIES), set(ops.SUSPECT)
     yield registry.declare
     registry._ENTRIES.clear()
     registry._ENTRIES.update(entries)
-    ops._BY_BACKEND.clear()
-    ops._BY_BACKEND.update(tables)
-    ops._BACKEND_OK.clear()
     ops.SUSPECT.clear()
     ops.SUSPECT.update(suspect)
 
@@ -44,7 +41,7 @@ def test_a_backend_declared_nowhere_has_torch_distributed_defaults():
     assert join.model_name_of(entry.name) == "native-dist"
     assert not entry.reduce_keeps_input and not entry.native_avg  # reduce copies non-root inputs; AVG divides
     assert entry.no_subgroups is None and entry.reductions is None
-    ops.check_backend(entry.name, "MAX", torch.uint64)  # nothing second-guessed
+    ops.check_backend(entry.reductions, "MAX", torch.uint64)  # nothing second-guessed
 
 
 def test_the_entries_keep_what_the_core_used_to_know_by_name():
@@ -58,7 +55,7 @@ def test_the_entries_keep_what_the_core_used_to_know_by_name():
     assert horovod.model_name == "horovod-dist" and horovod.init_url == "horovod://"
     assert isinstance(horovod.no_subgroups([0]), NotImplementedError)
     with pytest.raises(TypeError, match="gloo backend cannot reduce dtype torch.uint16"):
-        ops.check_backend("gloo", "SUM", torch.uint16)
+        ops.check_backend(gloo.reductions, "SUM", torch.uint16)
     assert join.available_backends() == polydist.available_backends()
     assert all(registry.get(name).available() for name in join.available_backends() if name in registry.names())
 
@@ -68,12 +65,12 @@ def test_a_declared_entry_drives_the_core_without_an_edit_to_it(declared):
     entry = declared(registry.Backend("pdtest", native_avg=True, reduce_keeps_input=True, model_name="pdtest-dist",
                                       reductions=table, no_subgroups=lambda ranks: NotImplementedError(str(ranks))))
     assert join.model_name_of("pdtest") == "pdtest-dist"
-    res = SimpleNamespace(backend="pdtest", size=2)
+    res = SimpleNamespace(backend="pdtest", entry=registry.get("pdtest"), size=2)
     assert reduce._op("AVG", res) == (dist.ReduceOp.AVG, False)  # native: no division afterwards
-    assert reduce._op("AVG", SimpleNamespace(backend="gloo", size=2)) == (dist.ReduceOp.SUM, True)
+    assert reduce._op("AVG", SimpleNamespace(backend="gloo", entry=registry.get("gloo"), size=2)) == (dist.ReduceOp.SUM, True)
     assert ("SUM", torch.int64) in ops.SUSPECT  # its table is checked before anything is sent
     with pytest.raises(TypeError, match="pdtest backend cannot reduce dtype torch.int64"):
-        ops.check_backend("pdtest", "SUM", torch.int64)
+        ops.check_backend(registry.get("pdtest").reductions, "SUM", torch.int64)
     assert registry.get("pdtest") is entry and "pdtest" in registry.names()
 
 

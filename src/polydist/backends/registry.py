@@ -181,10 +181,10 @@ _ENTRIES: dict[str, Backend] = {}
 
 
 def declare(entry: Backend) -> Backend:
-    """Declare (or replace) the entry of ``entry.name``; its reduction table goes to :func:`polydist.ops.declare`."""
+    """Declare (or replace) the entry of ``entry.name``; what its reduction table refuses is marked in :data:`polydist.ops.SUSPECT`."""
     _ENTRIES[entry.name] = entry
     if entry.reductions is not None:
-        ops.declare(entry.reductions)
+        ops.mark_suspects(entry.reductions)
     return entry
 
 

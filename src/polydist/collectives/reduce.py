@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from .. import codec
 from .._torch import reduce_scatter_single
-from ..backends import registry
 from ..context import world
 from ..groups import GroupLike, Resolved
 from ..ops import SUSPECT, OpLike, check_backend, check_op_dtype, op_for, resolve_op, to_reduce_op
@@ -31,7 +30,7 @@ __all__ = ["all_reduce", "reduce", "reduce_scatter"]
 
 def _op(name: str, res: Resolved) -> tuple[dist.ReduceOp, bool]:
     """The ReduceOp to run and whether AVG must be finished by dividing by the group size."""
-    if name == "AVG" and not registry.get(res.backend).native_avg:
+    if name == "AVG" and not res.entry.native_avg:
         return dist.ReduceOp.SUM, True
     return to_reduce_op(name), False
 
@@ -183,7 +182,7 @@ def _all_reduce_body(res: Resolved, tensor: Any, name: str, tensors: Any, async_
 def _all_reduce_check(res: Resolved, tensor: Any, name: str, tensors: Any) -> None:
     if tensors is not None:
         for t in tensors:
-            check_backend(res.backend, name, t.dtype)
+            check_backend(res.entry.reductions, name, t.dtype)
 
 
 _ALL_REDUCE = Collective("all_reduce", _all_reduce_body, _all_reduce_serial, _all_reduce_fingerprint, op_at=1)
@@ -251,7 +250,7 @@ def _reduce_body(res: Resolved, tensor: Any, dst: int, name: str, is_tensor: boo
         return done(reduce_value(tensor, name, dst, res), async_op)
     here = res.rank == dst
     red, divide = _op(name, res)
-    if here or registry.get(res.backend).reduce_keeps_input:  # gloo writes partial results into it
+    if here or res.entry.reduce_keeps_input:  # gloo writes partial results into it
         buf = contiguous(tensor)
     else:  # the backend would leave partial results in the input: hand it a copy
         buf = tensor.clone(memory_format=torch.contiguous_format) if async_op else _scratch_copy(tensor)
@@ -274,7 +273,7 @@ def _scratch_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 def _reduce_check(res: Resolved, tensor: Any, dst: int, name: str, is_tensor: bool) -> None:
     if is_tensor:
-        check_backend(res.backend, name, tensor.dtype)
+        check_backend(res.entry.reductions, name, tensor.dtype)
 
 
 _REDUCE = Collective(
@@ -356,7 +355,7 @@ def _reduce_scatter_body(res: Resolved, tensor: torch.Tensor, name: str, async_o
 
 
 def _reduce_scatter_check(res: Resolved, tensor: torch.Tensor, name: str) -> None:
-    check_backend(res.backend, name, tensor.dtype)
+    check_backend(res.entry.reductions, name, tensor.dtype)
 
 
 _REDUCE_SCATTER = Collective(
