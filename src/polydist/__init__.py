@@ -6,6 +6,8 @@ runs unchanged). README.md describes the API and its semantics.
 
 from . import _wiring
 from .backends import registry as _registry
+
+_registry.discover()  # the backends declared by entry point (polydist's own and any installed package's), first
 from .collectives.broadcast import barrier, broadcast
 from .collectives.gather import all_gather, all_gather_tensors_with_shapes, gather
 from .collectives.p2p import irecv, isend, recv, send
@@ -33,7 +35,6 @@ from .training import DistributedProxySampler, auto_dataloader, auto_model, auto
 __version__ = "0.1.0"
 
 # mpi4py (and mpi:// ; MPI itself starts on first use) and, where Horovod is installed, horovod (and horovod://)
-_registry.discover()  # the backends declared by entry point (polydist's own and any installed package's)
 _registry.register_all()
 _wiring.wire()  # the hooks the layers run for each other (trace dumps, the comms profile, debug at finalize)
 

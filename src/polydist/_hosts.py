@@ -1,7 +1,7 @@
 """Host names as they cross ranks: fixed-size byte rows, not pickled objects.
 
 The mpi:// rendezvous gathers them over MPI, the node layout
-(``join.layout_from_hostnames``) over the new group. Bytes from other ranks
+(``node_layout.layout_from_hostnames``) over the new group. Bytes from other ranks
 decode safely whatever they are.
 """
 

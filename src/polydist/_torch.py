@@ -159,7 +159,7 @@ def fresh_worker_store(enabled: bool) -> Iterator[None]:
     workers then read their predecessors' gloo addresses and fail with
     "Connection refused". ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (read by
     the handler at each rendezvous) makes rank 0 of each generation serve a
-    store of its own on a fresh port (:mod:`polydist.join` keeps it on
+    store of its own on a fresh port (:mod:`polydist.rendezvous` keeps it on
     loopback for single-node jobs).
     """
     name = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"

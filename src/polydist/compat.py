@@ -11,7 +11,6 @@ import importlib.util
 
 import torch.distributed as dist
 
-from . import join
 from .backends import registry
 from .context import world
 
@@ -37,7 +36,7 @@ def model_name() -> str:
     state = world()
     if state is None:
         return "serial"
-    return join.model_name_of(dist.get_backend(state.pg))
+    return registry.get(str(dist.get_backend(state.pg))).model_name
 
 
 def sync(temporary: bool = False) -> None:

@@ -26,13 +26,13 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from . import _at_exit, _torch, join, settings
+from . import _at_exit, _torch, default_group, rendezvous, settings
 from ._state import Layout, World
 from .announced import check_group
-from .environment import ProcessInfo, detect
+from .environment import ProcessInfo, detect, launcher
 from .backends import registry
 from .errors import NotInitializedError, WorldMismatchError
-from .join import available_backends, comm_device
+from .node_layout import layout_from_env, layout_from_hostnames, single_node_guess
 
 __all__ = [
     "initialize",
@@ -64,7 +64,7 @@ def initialize(
     backend: Optional[str] = None,
     *,
     init_method: Optional[str] = None,
-    timeout: join.Timeout = None,
+    timeout: rendezvous.Timeout = None,
     rank: Optional[int] = None,
     world_size: Optional[int] = None,
     **kwargs: Any,
@@ -128,18 +128,18 @@ def initialize(
             ``init_method``, no ``MASTER_ADDR``/``MASTER_PORT``); backend
             "horovod" in ranks another launcher than ``horovodrun`` started.
     """
-    td = join.as_timedelta(timeout)
+    td = rendezvous.as_timedelta(timeout)
     state = world()
     if state is not None:
         current = dist.get_backend(state.pg)
-        if backend is not None and join.other_name_of(backend) != str(current).lower():
+        if backend is not None and registry.resolved_name(backend) != str(current).lower():
             raise ValueError(f"a process group with backend {current!r} already exists; cannot initialize {backend!r}")
         if not state.layout_known:  # adopted: learn the layout here, where every rank calls
-            state.layout, state.layout_known = join.layout_from_env(join.launcher()) or join.layout_from_hostnames(), True
+            state.layout, state.layout_known = layout_from_env(launcher()) or layout_from_hostnames(), True
         return
 
     info = detect()
-    group_kwargs = join.group_kwargs(backend, init_method, td, rank, world_size, kwargs, info)
+    group_kwargs = rendezvous.group_kwargs(backend, init_method, td, rank, world_size, kwargs, info)
     if group_kwargs is None:
         return  # serial: no launcher, nothing asked for
     _init(group_kwargs, info, announced=info if rank is None and world_size is None else None)
@@ -148,10 +148,10 @@ def initialize(
 def _init(group_kwargs: dict, info: ProcessInfo, announced: Optional[ProcessInfo]) -> None:
     """Create the group; ``announced``: the launcher's world it must be (None: the caller chose rank and size)."""
     global _world
-    timeout = join.create(group_kwargs, info)
+    timeout = default_group.create(group_kwargs, info)
     if announced is not None:
         _check_announced(announced, _torch.default_pg(), owned=True)
-    layout = join.layout_from_env(info) or join.layout_from_hostnames()
+    layout = layout_from_env(info) or layout_from_hostnames()
     _world = World(_torch.default_pg(), owns_group=True, layout=layout, timeout=timeout)
     _world_made()
     for hook in on_initialized:  # every rank is here, so a hook may communicate
@@ -350,11 +350,11 @@ def world() -> Optional[World]:
         if not registry.adopt_any():  # a runtime the program started (hvd.init(), an XLA device): make its group
             return None
         pg, owns = _torch.default_pg(), True
-    info = join.launcher()
+    info = launcher()
     _check_announced(info, pg, owned=owns)  # a group is adopted only if it is the job's
-    env = join.layout_from_env(info)
+    env = layout_from_env(info)
     # A group made over the program's runtime has a process-local store (made without communicating): no meeting there.
-    _world = World(pg, owns_group=owns, layout=env or join.single_node_guess(), timeout=None, layout_known=env is not None,
+    _world = World(pg, owns_group=owns, layout=env or single_node_guess(), timeout=None, layout_known=env is not None,
                    store_shared=not owns)
     _world_made()
     return _world
@@ -378,7 +378,7 @@ def require_group() -> Optional[World]:
     state = world()
     if state is not None:
         return state
-    info = join.launcher()
+    info = launcher()
     if info.is_distributed:
         raise NotInitializedError(
             f"this process is rank {info.rank} of {info.world_size} (launched by {info.launcher}) "
@@ -393,20 +393,20 @@ def require_group() -> Optional[World]:
 def get_rank() -> int:
     """Global rank of this process: the group's, else the launcher's, else 0."""
     state = world()
-    return state.rank if state is not None else join.launcher().rank
+    return state.rank if state is not None else launcher().rank
 
 
 def get_world_size() -> int:
     """Number of processes in the job: the group's, else the launcher's, else 1."""
     state = world()
-    return state.size if state is not None else join.launcher().world_size
+    return state.size if state is not None else launcher().world_size
 
 
 def _layout() -> Layout:
     state = world()
     if state is not None:
         return state.layout
-    info = join.launcher()
+    info = launcher()
     return Layout(
         local_rank=info.local_rank if info.local_rank is not None else info.rank,
         nproc_per_node=info.local_world_size if info.local_world_size is not None else info.world_size,
@@ -476,8 +476,14 @@ def device() -> torch.device:
     name = backend()
     if name is None and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
-    compute = registry.get(name).compute_device
-    return compute() if compute is not None else comm_device(name)
+    entry = registry.get(name)
+    return entry.compute_device() if entry.compute_device is not None else entry.comm_device()
+
+
+def available_backends() -> tuple[str, ...]:
+    """Backends usable in this process: built into this PyTorch and, for nccl, with CUDA visible; then every
+    other backend registered with ``torch.distributed.Backend.register_backend`` (polydist's ``mpi4py``, ...)."""
+    return registry.available_names()
 
 
 def hostname() -> str:
@@ -497,7 +503,7 @@ def show_config() -> dict:
         "nproc_per_node": get_nproc_per_node(),
         "nnodes": get_nnodes(),
         "node_rank": get_node_rank(),
-        "launcher": join.launcher().launcher,
+        "launcher": launcher().launcher,
         "available_backends": list(available_backends()),
     }
     width = max(map(len, config))

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from . import _torch
 from ._state import World
 from .backends import registry
-from .context import comm_device, require_group, world
+from .context import require_group, world
 from .errors import InvalidGroupError
 
 __all__ = ["GroupLike", "Resolved", "resolve", "new_group", "NON_MEMBER"]
@@ -44,7 +44,7 @@ class Resolved:
         rank: this process's global rank; ``group_rank`` its rank in the group.
         size: the number of ranks.
         backend: the group's backend name ("gloo", "nccl", "mpi4py", ...).
-        device: where the group's byte buffers live (:func:`polydist.context.comm_device`).
+        device: where the group's byte buffers live (its entry's :meth:`~polydist.backends.registry.Backend.comm_device`).
         entry: its backend's registry entry (:mod:`polydist.backends.registry`).
         direct: the group itself when its entry says polydist's collectives call
             its direct calls (:meth:`~polydist.backends.registry.Backend.moves_direct`:
@@ -71,8 +71,8 @@ class Resolved:
         self.pg, self.ranks, self.rank = pg, ranks, rank
         self.size, self.group_rank = len(ranks), ranks.index(rank)
         self.backend = str(dist.get_backend(group))
-        self.device: torch.device = comm_device(self.backend)
         self.entry = registry.get(self.backend)
+        self.device: torch.device = self.entry.comm_device()
         self.direct = group if self.entry.moves_direct(group) else None
         self.mover: Any = None  # how its pieces move: chosen on first use (polydist.collectives.exchange.mover)
         self.seq = 0

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import polydist as pd
 from _world import horovodrun
-from polydist import environment, join
+from polydist import environment, rendezvous
 from polydist.ops import check_op_dtype
 
 pytestmark = [
@@ -449,4 +449,4 @@ def test_ranks_another_launcher_started_are_refused_before_horovod_starts():
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})  # fmt: skip
     assert info.launcher != "horovod" and info.is_distributed
     with pytest.raises(ValueError, match=r"needs its ranks started by horovodrun .* rank 1 of 2"):
-        join.group_kwargs("horovod", None, None, None, None, {}, info)
+        rendezvous.group_kwargs("horovod", None, None, None, None, {}, info)

@@ -571,16 +571,16 @@ def test_polydist_run_backend_mpi_reports_the_failing_rank(script, cli_env, how)
 
 
 def test_mpi_without_mpi4py_names_the_fix(monkeypatch):
-    from polydist import join
+    from polydist.backends import registry
     from polydist.backends import mpi4py as backend
 
     monkeypatch.setattr(backend, "native_mpi_available", lambda: False)
     monkeypatch.setattr(backend, "register", lambda: False)
     with pytest.raises(ValueError, match="pip install mpi4py mpich"):
-        join.resolve_backend("mpi")
+        registry.resolve("mpi")
     monkeypatch.undo()
     # polydist's own "mpi" is native MPI only where torch was built with it (the stand-in is for raw torch calls)
-    assert join.resolve_backend("MPI") == ("mpi" if backend.native_mpi_available() else "mpi4py")
+    assert registry.resolve("MPI") == ("mpi" if backend.native_mpi_available() else "mpi4py")
 
 
 def test_mpi4py_not_imported_by_polydist_import(cli_env):

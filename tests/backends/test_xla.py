@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 import polydist as pd
-from polydist import join
 from polydist.backends import registry
 
 pytestmark = pytest.mark.timeout(300)
@@ -47,7 +46,7 @@ def test_the_entry_declares_idists_xla_semantics():
 @pytest.mark.parametrize("name", ["xla-tpu", "XLA"])
 def test_without_torch_xla_the_backend_is_refused_before_anything_starts(name):
     with pytest.raises(ValueError, match=r"torch_xla is not installed.*Backend should be one of"):
-        join.resolve_backend(name)
+        registry.resolve(name)
     with pytest.raises(ValueError, match="torch_xla is not installed"):
         pd.spawn(name, print, nproc_per_node=2)
     assert "xla-tpu" not in pd.available_backends()

@@ -141,7 +141,7 @@ def test_multinode_gloo_warns_when_the_host_name_is_loopback(monkeypatch):
     import socket
     import warnings
 
-    from polydist import join
+    from polydist import default_group
     from polydist.environment import ProcessInfo
 
     real = socket.gethostbyname
@@ -155,14 +155,14 @@ def test_multinode_gloo_warns_when_the_host_name_is_loopback(monkeypatch):
     except OSError:
         pytest.skip("no route to a non-local address on this machine")
     with pytest.warns(RuntimeWarning, match="GLOO_SOCKET_IFNAME"):
-        join._warn_if_gloo_offers_loopback("gloo", info)
+        default_group._warn_if_gloo_offers_loopback("gloo", info)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
-        join._warn_if_gloo_offers_loopback("gloo", info)  # the user chose an interface
+        default_group._warn_if_gloo_offers_loopback("gloo", info)  # the user chose an interface
         monkeypatch.delenv("GLOO_SOCKET_IFNAME")
-        join._warn_if_gloo_offers_loopback("gloo", dataclasses.replace(info, master_addr="127.0.0.1"))  # one host
-        join._warn_if_gloo_offers_loopback("nccl", info)
+        default_group._warn_if_gloo_offers_loopback("gloo", dataclasses.replace(info, master_addr="127.0.0.1"))  # one host
+        default_group._warn_if_gloo_offers_loopback("nccl", info)
 
 
 # ------------------------------------------------------------ ignite.distributed's names (issue 12)
@@ -262,7 +262,7 @@ def test_launched_ranks_without_master_meet_on_loopback_15000(cli_env, tmp_path)
 def test_env_init_without_master_defaults_to_loopback_15000(init_method, launched, monkeypatch):
     """idist's setup_env_vars: env:// without MASTER_ADDR/MASTER_PORT means 127.0.0.1:15000 on one node, as None
     does for launched ranks; env:// with explicit rank/world_size too (idist exports them). Nothing is created."""
-    from polydist import join
+    from polydist import rendezvous
     from polydist.environment import ProcessInfo
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
@@ -272,19 +272,19 @@ def test_env_init_without_master_defaults_to_loopback_15000(init_method, launche
     rank, size = (None, None) if launched else (1, 2)
     if not launched and init_method is None:  # polydist's own rule: nothing says where to meet
         with pytest.raises(ValueError, match="world_size=2 but no way to rendezvous"):
-            join.group_kwargs("gloo", init_method, None, rank, size, {}, info)
+            rendezvous.group_kwargs("gloo", init_method, None, rank, size, {}, info)
         return
-    got = join.group_kwargs("gloo", init_method, None, rank, size, {}, info)
+    got = rendezvous.group_kwargs("gloo", init_method, None, rank, size, {}, info)
     assert "init_method" not in got and (got["rank"], got["world_size"]) == (1, 2)
-    assert got["_store"] == join._StoreAt("127.0.0.1", join.SINGLE_NODE_PORT, serve=True)
+    assert got["_store"] == rendezvous._StoreAt("127.0.0.1", rendezvous.SINGLE_NODE_PORT, serve=True)
 
 
 def test_env_init_with_master_is_torchs(monkeypatch):
-    from polydist import join
+    from polydist import rendezvous
     from polydist.environment import ProcessInfo
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29511")
     info = ProcessInfo(launcher="env", rank=1, world_size=2, local_rank=1, local_world_size=2)
-    got = join.group_kwargs("gloo", "env://", None, None, None, {}, info)
+    got = rendezvous.group_kwargs("gloo", "env://", None, None, None, {}, info)
     assert got["init_method"] == "env://" and "_store" not in got

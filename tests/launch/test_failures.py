@@ -301,14 +301,14 @@ def test_timeout_error_is_a_runtime_error():
 def test_timeout_from_environment(monkeypatch):
     from datetime import timedelta
 
-    from polydist import join
+    from polydist import rendezvous
 
     monkeypatch.setenv("POLYDIST_TIMEOUT", "2.5")
-    assert join.as_timedelta(None) == timedelta(seconds=2.5)
-    assert join.as_timedelta(7) == timedelta(seconds=7)  # an explicit timeout wins
+    assert rendezvous.as_timedelta(None) == timedelta(seconds=2.5)
+    assert rendezvous.as_timedelta(7) == timedelta(seconds=7)  # an explicit timeout wins
     monkeypatch.setenv("POLYDIST_TIMEOUT", "soon")
     with pytest.raises(ValueError, match=r"\$POLYDIST_TIMEOUT='soon' is not valid"):
-        join.as_timedelta(None)
+        rendezvous.as_timedelta(None)
 
 
 def test_cli_rejects_bad_timeout(capsys):

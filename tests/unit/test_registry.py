@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import polydist
-from polydist import join, ops
+from polydist import ops
 from polydist.backends import registry
 from polydist.collectives import reduce
 from polydist.environment import ProcessInfo
@@ -37,8 +37,8 @@ def declared():
 def test_a_backend_declared_nowhere_has_torch_distributed_defaults():
     entry = registry.get("some-registered-backend")
     assert entry.name == "some-registered-backend"
-    assert join.comm_device(entry.name) == torch.device("cpu")
-    assert join.model_name_of(entry.name) == "native-dist"
+    assert entry.comm_device() == torch.device("cpu")
+    assert entry.model_name == "native-dist"
     assert not entry.reduce_keeps_input and not entry.native_avg  # reduce copies non-root inputs; AVG divides
     assert entry.no_subgroups is None and entry.reductions is None
     ops.check_backend(entry.reductions, "MAX", torch.uint64)  # nothing second-guessed
@@ -56,15 +56,15 @@ def test_the_entries_keep_what_the_core_used_to_know_by_name():
     assert isinstance(horovod.no_subgroups([0]), NotImplementedError)
     with pytest.raises(TypeError, match="gloo backend cannot reduce dtype torch.uint16"):
         ops.check_backend(gloo.reductions, "SUM", torch.uint16)
-    assert join.available_backends() == polydist.available_backends()
-    assert all(registry.get(name).available() for name in join.available_backends() if name in registry.names())
+    assert polydist.context.available_backends() == polydist.available_backends()
+    assert all(registry.get(name).available() for name in polydist.context.available_backends() if name in registry.names())
 
 
 def test_a_declared_entry_drives_the_core_without_an_edit_to_it(declared):
     table = ops.Reductions("pdtest", frozenset({torch.float32}), source="this test")
     entry = declared(registry.Backend("pdtest", native_avg=True, reduce_keeps_input=True, model_name="pdtest-dist",
                                       reductions=table, no_subgroups=lambda ranks: NotImplementedError(str(ranks))))
-    assert join.model_name_of("pdtest") == "pdtest-dist"
+    assert registry.get("pdtest").model_name == "pdtest-dist"
     res = SimpleNamespace(backend="pdtest", entry=registry.get("pdtest"), size=2)
     assert reduce._op("AVG", res) == (dist.ReduceOp.AVG, False)  # native: no division afterwards
     assert reduce._op("AVG", SimpleNamespace(backend="gloo", entry=registry.get("gloo"), size=2)) == (dist.ReduceOp.SUM, True)
@@ -76,9 +76,9 @@ def test_a_declared_entry_drives_the_core_without_an_edit_to_it(declared):
 
 def test_resolve_and_the_rendezvous_come_from_the_entry(declared):
     declared(registry.Backend("pdalias", resolve=lambda name: "gloo"))
-    assert join.resolve_backend("PDALIAS") == "gloo"
+    assert registry.resolve("PDALIAS") == "gloo"
     with pytest.raises(ValueError, match="Unknown backend 'pdnowhere'"):
-        join.resolve_backend("pdnowhere")
+        registry.resolve("pdnowhere")
     own = declared(registry.Backend("pdown", init_url="pdown://"))
     info = ProcessInfo(launcher="serial", rank=0, world_size=1)
     assert registry.rendezvous_for(own, info) is own and registry.rendezvous_for(registry.get("gloo"), info) is None

@@ -18,13 +18,13 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .. import ops
+from .. import ops, settings
 from .direct import DirectProcessGroup
 
 __all__ = [
     "Backend", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
     "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS",
-    "adopt_any", "registrar", "resolve_once_registered",
+    "adopt_any", "registrar", "resolve_once_registered", "resolve", "resolved_name",
 ]
 
 # How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
@@ -329,6 +329,40 @@ def default_name() -> str:
         if entry.default_for is not None and entry.default_for != "cpu" and entry.device_visible() and entry.available():
             return entry.name
     return next(e.name for e in _ENTRIES.values() if e.default_for == "cpu")
+
+
+def resolve(name: Optional[str]) -> str:
+    """The backend :func:`polydist.initialize` creates for ``name`` (None: ``POLYDIST_BACKEND``, else :func:`default_name`).
+
+    Raises ``TypeError`` for a name that is not a string, ``ValueError`` for one no backend answers to (or not
+    installed here), or whose device is not visible to this process.
+    """
+    if name is None:
+        name = settings.BACKEND.read()
+    if name is None:
+        return default_name()
+    if not isinstance(name, str):
+        raise TypeError(f"backend must be a string such as {GLOO.name!r} or {NCCL.name!r}, got {name!r}")
+    lowered = name.lower()
+    entry = get(lowered)
+    resolved = entry.resolve(name) if entry.resolve is not None else lowered  # may register it, or raise
+    if resolved not in {b.lower() for b in dist.Backend.backend_list}:
+        raise ValueError(  # "Backend should be one of": ignite.distributed's words, which its users match
+            f"Unknown backend {name!r}. Available backends: {', '.join(available_names())} (Backend should be one "
+            "of these; another must be installed and registered with torch.distributed.Backend.register_backend)"
+        )
+    if not entry.device_visible():
+        raise ValueError(f"backend {lowered!r} needs {entry.device.upper()} devices, and none is visible to this process")
+    return resolved
+
+
+def resolved_name(name: str) -> str:
+    """The backend a group asked for as ``name`` has, as far as its entry says without raising (idist's "xla": "xla-tpu")."""
+    entry = get(name.lower())
+    try:
+        return entry.resolve(name) if entry.resolve is not None else name.lower()
+    except ValueError:  # not installed: no group of it can exist
+        return name.lower()
 
 
 def available_names() -> tuple[str, ...]:

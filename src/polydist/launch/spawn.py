@@ -13,7 +13,7 @@ import logging
 import os
 from typing import Any, Callable, Optional
 
-from .. import context, join, settings
+from .. import context, settings
 from ..backends import registry
 from .trace_dir import job_trace_dir
 from .elastic import _check_positive, check_node_rank, launch
@@ -121,7 +121,7 @@ def spawn(
     Source: idist ``spawn``, on ``torch.distributed.launcher`` instead of
     ``torch.multiprocessing.spawn``.
     """
-    resolved = join.resolve_backend(backend)  # an unknown or unavailable backend fails here, before any process starts
+    resolved = registry.resolve(backend)  # an unknown or unavailable backend fails here, before any process starts
     init = {"init_method": init_method, "timeout": timeout}
     entry = registry.get(resolved)
     starter = entry.start_processes
@@ -168,7 +168,7 @@ def _check_parallel(
             if value is not None:
                 raise ValueError(f"If backend is None, argument '{name}' should be also None, but given {value}")
     else:
-        join.resolve_backend(backend)
+        registry.resolve(backend)
     if nproc_per_node is not None:
         _check_positive("nproc_per_node", nproc_per_node)
     if nnodes is not None:

@@ -1,18 +1,14 @@
-"""How a process joins a world: the backend, the rendezvous, the timeout, and the node layout.
+"""How the ranks of a new world meet: the arguments of ``init_process_group`` and the store they meet at.
 
 :func:`polydist.initialize` asks :func:`group_kwargs` what to pass to
 ``torch.distributed.init_process_group`` — the only place where the
 launcher's environment decides anything, so contradictory variables raise
-here — and :func:`create` makes the group. The layout functions say which
-node each rank is on, from the launcher's variables or, failing that, by
-gathering host names.
+here; :mod:`polydist.default_group` then makes the group.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import warnings
 from datetime import timedelta
 from typing import NamedTuple, Optional, Union
 
@@ -20,27 +16,10 @@ import torch
 import torch.distributed as dist
 
 from . import _torch, settings
-from ._hosts import HOST_BYTES, host_names, host_row
-from ._state import Layout
 from .backends import registry
-from .environment import ProcessInfo, launcher, restart_count
+from .environment import ProcessInfo, restart_count
 
-registry.discover()  # every backend's entry (the polydist.backends entry points), before a name is resolved
-
-__all__ = [
-    "Timeout",
-    "available_backends",
-    "as_timedelta",
-    "resolve_backend",
-    "other_name_of",
-    "group_kwargs",
-    "create",
-    "launcher",
-    "model_name_of",
-    "layout_from_env",
-    "layout_from_hostnames",
-    "single_node_guess",
-]
+__all__ = ["Timeout", "as_timedelta", "group_kwargs", "JOIN_TIMEOUT_FLOOR", "SINGLE_NODE_PORT"]
 
 Timeout = Union[float, int, timedelta, None]
 
@@ -51,6 +30,10 @@ SINGLE_NODE_PORT = 15000  # ignite.distributed's default when RANK/WORLD_SIZE co
 
 
 def as_timedelta(timeout: Timeout) -> Optional[timedelta]:
+    """The collective timeout ``initialize(timeout=...)`` asks for (None: ``POLYDIST_TIMEOUT``, else none).
+
+    Raises ``ValueError`` naming a value that is not a positive finite number of seconds or timedelta.
+    """
     if timeout is None:
         seconds = settings.TIMEOUT.read()
         return None if seconds is None else timedelta(seconds=seconds)
@@ -61,84 +44,6 @@ def as_timedelta(timeout: Timeout) -> Optional[timedelta]:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise ValueError(f"timeout must be a positive number of seconds or a timedelta, got {timeout!r}")
     return timedelta(seconds=float(timeout))
-
-
-def resolve_backend(name: Optional[str]) -> str:
-    if name is None:
-        name = settings.BACKEND.read()
-    if name is None:
-        return registry.default_name()
-    if not isinstance(name, str):
-        raise TypeError(f"backend must be a string such as {registry.GLOO.name!r} or {registry.NCCL.name!r}, got {name!r}")
-    lowered = name.lower()
-    entry = registry.get(lowered)
-    resolved = entry.resolve(name) if entry.resolve is not None else lowered  # may register it, or raise
-    if resolved not in {b.lower() for b in dist.Backend.backend_list}:
-        raise ValueError(  # "Backend should be one of": ignite.distributed's words, which its users match
-            f"Unknown backend {name!r}. Available backends: {', '.join(available_backends())} (Backend should be one "
-            "of these; another must be installed and registered with torch.distributed.Backend.register_backend)"
-        )
-    if not entry.device_visible():
-        raise ValueError(f"backend {lowered!r} needs {entry.device.upper()} devices, and none is visible to this process")
-    return resolved
-
-
-def other_name_of(name: str) -> str:
-    """The backend a group asked for as ``name`` has, as far as its entry says without raising (idist's "xla": "xla-tpu")."""
-    entry = registry.get(name.lower())
-    try:
-        return entry.resolve(name) if entry.resolve is not None else name.lower()
-    except ValueError:  # not installed: no group of it can exist
-        return name.lower()
-
-
-def layout_from_env(info: ProcessInfo) -> Optional[Layout]:
-    """The node layout the launcher exported, if complete and about this group."""
-    if info.launcher == "serial" or dist.get_rank() != info.rank or dist.get_world_size() != info.world_size:
-        return None
-    fields = (info.local_rank, info.local_world_size, info.nnodes, info.node_rank)
-    if any(f is None for f in fields):
-        return None
-    return Layout(*fields)  # type: ignore[arg-type]
-
-
-def comm_device(backend_name: Optional[str]) -> torch.device:
-    """The device a group of backend ``backend_name`` communicates on: where its byte buffers must live.
-
-    ``cuda:<current device>`` for nccl (which moves CUDA tensors only), else
-    ``cpu``: the backend's registry entry says. :func:`polydist.device` and every group's
-    :class:`~polydist.groups.Resolved` use it.
-    """
-    return registry.get(backend_name).comm_device()
-
-
-def model_name_of(backend_name: str) -> str:
-    """``polydist.model_name()`` of a world on backend ``backend_name`` ("native-dist", "horovod-dist"): its registry entry says."""
-    return registry.get(backend_name).model_name
-
-
-def layout_from_hostnames() -> Layout:
-    """Derive the layout by gathering every rank's host name (a collective).
-
-    Names travel as fixed-size byte rows, not through ``all_gather_object``:
-    nothing another rank sends is unpickled.
-    """
-    dev = comm_device(str(dist.get_backend()))
-    every = torch.empty(dist.get_world_size() * HOST_BYTES, dtype=torch.uint8, device=dev)
-    _torch.all_gather_single(every, torch.from_numpy(host_row(socket.gethostname())).to(dev))
-    hosts = host_names(every.cpu().numpy())
-    me = hosts[dist.get_rank()]
-    nodes = list(dict.fromkeys(hosts))  # in order of first appearance
-    return Layout(
-        local_rank=hosts[: dist.get_rank()].count(me),
-        nproc_per_node=hosts.count(me),
-        nnodes=len(nodes),
-        node_rank=nodes.index(me),
-    )
-
-
-def single_node_guess() -> Layout:
-    return Layout(local_rank=dist.get_rank(), nproc_per_node=dist.get_world_size(), nnodes=1, node_rank=0)
 
 
 def group_kwargs(
@@ -158,7 +63,7 @@ def group_kwargs(
     explicit = backend is not None or init_method is not None or rank is not None or world_size is not None
     if not explicit and not info.is_distributed and not settings.BACKEND.read():
         return None  # serial: no launcher, nothing asked for
-    name = resolve_backend(backend)
+    name = registry.resolve(backend)
     group_kwargs: dict = dict(backend=name, **kwargs)
     if td is not None:
         settable = _torch.can_set_timeout(name)
@@ -250,54 +155,3 @@ def _restart_on_shared_store() -> int:
 def _serves_loopback_store(info: ProcessInfo) -> bool:
     """Whether rank 0 of this elastic worker group must serve the store, at a loopback address."""
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False" and info.master_addr in ("127.0.0.1", "localhost")
-
-
-def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
-    """Warn before a multi-node gloo job that would fail after a long wait with "Connection refused".
-
-    gloo offers the other ranks the address this host name resolves to; on
-    Debian (127.0.1.1) and in many containers that is loopback, which ranks
-    on other hosts cannot reach. Only a warning: nodes may share one host.
-    """
-    if not registry.get(backend).offers_host_address or (info.nnodes or 1) < 2 or os.environ.get("GLOO_SOCKET_IFNAME"):
-        return
-    master = info.master_addr or ""
-    try:
-        mine = socket.gethostbyname(socket.gethostname())
-        if not mine.startswith("127.") or socket.gethostbyname(master).startswith("127."):
-            return
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet: just the route's source
-            probe.connect((master, info.master_port or 1))
-            route = probe.getsockname()[0]
-    except OSError:
-        return
-    warnings.warn(
-        f"host name {socket.gethostname()!r} resolves to loopback {mine}, so gloo would offer the other nodes an "
-        f"address they cannot reach; set GLOO_SOCKET_IFNAME to the interface that reaches {master} "
-        f"(the one with address {route})",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-
-
-def create(group_kwargs: dict, info: ProcessInfo) -> Optional[timedelta]:
-    """Create the default group from :func:`group_kwargs`; return the collective timeout it applied."""
-    td = group_kwargs.pop("_collective_timeout", None)
-    at = group_kwargs.pop("_store", None)
-    if at is not None:
-        group_kwargs["store"] = at.open(group_kwargs["rank"], group_kwargs["world_size"],
-                                        group_kwargs.get("timeout", JOIN_TIMEOUT_FLOOR))
-    _warn_if_gloo_offers_loopback(group_kwargs["backend"], info)
-    dist.init_process_group(**group_kwargs)
-    if td is not None and td != group_kwargs["timeout"]:
-        _torch.set_default_timeout(td)  # joined with the floor; collectives wait td
-    entry = registry.get(group_kwargs["backend"])
-    joined = {registry.by_init_url(group_kwargs.get("init_method")), entry if entry.ranks_from_backend else None}
-    for hook in {e.after_join for e in joined if e is not None and e.after_join is not None}:
-        hook()  # MPI's: collectives without a timeout, so an uncaught exception must end the job
-    return td
-
-
-def available_backends() -> tuple[str, ...]:
-    """Backends usable in this process: built into this PyTorch and, for nccl, with CUDA visible."""
-    return registry.available_names()
