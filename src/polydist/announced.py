@@ -34,8 +34,7 @@ def announcement(info: ProcessInfo) -> str:
 
 
 def _advice(info: ProcessInfo, backend: str) -> str:
-    special = registry.get(backend).launch_advice
-    said = special(info, who(info)) if special is not None else None
+    said = registry.get(backend).lifecycle.launch_advice(info, who(info))
     if said is not None:
         return said
     return ("make the group with the launcher's rank and world size (polydist.initialize() or "

@@ -477,7 +477,8 @@ def device() -> torch.device:
     if name is None and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     entry = registry.get(name)
-    return entry.compute_device() if entry.compute_device is not None else entry.comm_device()
+    compute = entry.lifecycle.compute_device()
+    return compute if compute is not None else entry.comm_device()
 
 
 def available_backends() -> tuple[str, ...]:

@@ -216,11 +216,10 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
     (idist sets them always, which DataLoader rejects with 0).
     """
     world = get_world_size() if require_group() is not None else 1
-    entry = registry.get(backend())
-    if entry.pin_memory_refused is not None and kwargs.get("pin_memory"):
-        warnings.warn(entry.pin_memory_refused, stacklevel=2)
-    loader = _loader(dataset, seed, kwargs, world)
-    return entry.wrap_loader(loader, world) if entry.wrap_loader is not None else loader
+    lifecycle = registry.get(backend()).lifecycle
+    if lifecycle.pin_memory_refused is not None and kwargs.get("pin_memory"):
+        warnings.warn(lifecycle.pin_memory_refused, stacklevel=2)
+    return lifecycle.wrap_loader(_loader(dataset, seed, kwargs, world), world)
 
 
 def _loader(dataset: Dataset, seed: Optional[int], kwargs: dict, world: int) -> DataLoader:

@@ -187,8 +187,7 @@ def _check_backend_has_subgroups(state: World, key: tuple[int, ...], every_rank:
     error = entry.no_subgroups(list(key)) if entry.no_subgroups is not None else None
     if error is not None:
         raise error
-    if entry.add_group is not None:
-        entry.add_group(list(key), every_rank=every_rank)
+    entry.lifecycle.add_group(list(key), every_rank=every_rank)
 
 
 def _group_of(state: World, key: tuple[int, ...], kwargs: dict, every_rank: bool = False) -> "dist.ProcessGroup":

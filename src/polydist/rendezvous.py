@@ -72,15 +72,14 @@ def group_kwargs(
     entry = registry.get(name)
     host = registry.rendezvous_for(entry, info) if init_method is None else None
     if host is not None:  # rank and world size come from that backend's job (MPI, horovodrun)
-        if host.check_join is not None:
-            host.check_join(info, (backend or name).lower())  # before it starts: a world of one under torchrun
-        init_method = host.init_url
+        host.lifecycle.check_join(info, (backend or name).lower())  # before it starts: a world of one under torchrun
+        init_method = host.lifecycle.init_url
     defaulted = init_method == "env://" and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"))
     if defaulted:  # idist's env:// defaults MASTER_ADDR/MASTER_PORT; torch's would raise: the chain below picks
         init_method = None
     if init_method is not None:
         group_kwargs["init_method"] = init_method
-    if entry.ranks_from_backend or registry.by_init_url(init_method) is not None:
+    if entry.lifecycle.ranks_from_backend or registry.by_init_url(init_method) is not None:
         if rank is not None or world_size is not None:
             group_kwargs.update(rank=-1 if rank is None else rank, world_size=-1 if world_size is None else world_size)
         return group_kwargs

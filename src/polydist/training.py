@@ -148,10 +148,8 @@ def _own_training(distributed: bool) -> Any:
 
     Only in a distributed world, unless the backend's wrappers apply at every size (XLA's optimizer step).
     """
-    entry = registry.get(backend())
-    if entry.training is None or not (distributed or entry.training_at_every_size):
-        return None
-    return entry.training()
+    lifecycle = registry.get(backend()).lifecycle
+    return lifecycle.training() if distributed or lifecycle.training_at_every_size else None
 
 
 def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **kwargs: Any) -> torch.optim.Optimizer:

@@ -35,9 +35,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_the_entry_declares_idists_xla_semantics():
     for name in ("xla-tpu", "xla"):  # idist's two spellings
         e = registry.get(name)
-        assert (e.model_name, e.point_to_point, e.init_url, e.native_avg) == ("xla-dist", False, "xla-tpu://", False)
-        assert e.training_at_every_size and e.start_processes is not None and e.wrap_loader is not None
-        assert "pin_memory" in e.pin_memory_refused
+        life = e.lifecycle
+        assert (e.model_name, e.point_to_point, life.init_url, e.native_avg) == ("xla-dist", False, "xla-tpu://", False)
+        assert life.training_at_every_size and life.starts_processes
+        assert "pin_memory" in life.pin_memory_refused
     with pytest.raises(NotImplementedError, match=r"group \[0, 1\].*no subgroups"):
         raise registry.get("xla-tpu").no_subgroups([0, 1])
 
@@ -166,7 +167,7 @@ def test_auto_model_optim_and_dataloader_as_idist(xla):
     assert type(loader) is torch.utils.data.DataLoader and not loader.pin_memory
     from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
-    wrapped_loader = registry.get("xla-tpu").wrap_loader(loader, 2)  # what a world of 2 returns
+    wrapped_loader = registry.get("xla-tpu").lifecycle.wrap_loader(loader, 2)  # what a world of 2 returns
     assert isinstance(wrapped_loader, MpDeviceLoader) and wrapped_loader.sampler is loader.sampler
 
 

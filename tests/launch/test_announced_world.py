@@ -100,12 +100,12 @@ def test_initialize_leaves_no_group_of_another_world(monkeypatch):
     """A backend that takes rank and size from elsewhere (here: a stand-in for create) and disagrees: no group left."""
     import torch.distributed as dist
 
-    from polydist import context, join
+    from polydist import context, default_group
 
     if dist.is_initialized():
         pytest.skip("this pytest process already has a default group")
     monkeypatch.setattr(context, "detect", lambda: detect(TORCHRUN))
-    monkeypatch.setattr(join, "create", lambda kwargs, info: dist.init_process_group(
+    monkeypatch.setattr(default_group, "create", lambda kwargs, info: dist.init_process_group(
         "gloo", store=dist.HashStore(), rank=0, world_size=1))
     with pytest.raises(WorldMismatchError, match=r"^torchrun announced WORLD_SIZE=4, RANK=3, but the gloo group has 1 "):
         context.initialize("gloo")

@@ -44,20 +44,21 @@ def test_a_backend_declared_nowhere_has_torch_distributed_defaults():
     ops.check_backend(entry.reductions, "MAX", torch.uint64)  # nothing second-guessed
 
 
-def test_the_entries_keep_what_the_core_used_to_know_by_name():
+def test_the_entries_keep_what_the_core_used_to_know_by_name(monkeypatch):
+    monkeypatch.delenv("HOROVOD_DYNAMIC_PROCESS_SETS", raising=False)  # horovod's subgroups need dynamic sets
     gloo, nccl = registry.get("gloo"), registry.get("nccl")
-    assert not gloo.reduce_keeps_input and not gloo.native_avg and gloo.offers_host_address
+    assert not gloo.reduce_keeps_input and not gloo.native_avg and gloo.lifecycle.offers_host_address
     assert nccl.reduce_keeps_input and nccl.native_avg and nccl.device == "cuda" and nccl.default_for == "cuda"
-    assert registry.get("mpi").reduce_keeps_input and registry.get("mpi").ranks_from_backend
+    assert registry.get("mpi").reduce_keeps_input and registry.get("mpi").lifecycle.ranks_from_backend
     mpi4py = registry.get("mpi4py")
-    assert mpi4py.native_avg and mpi4py.init_url == "mpi://" and registry.by_init_url("mpi://") is mpi4py
+    assert mpi4py.native_avg and mpi4py.lifecycle.init_url == "mpi://" and registry.by_init_url("mpi://") is mpi4py
     horovod = registry.get("horovod")
-    assert horovod.model_name == "horovod-dist" and horovod.init_url == "horovod://"
+    assert horovod.model_name == "horovod-dist" and horovod.lifecycle.init_url == "horovod://"
     assert isinstance(horovod.no_subgroups([0]), NotImplementedError)
     with pytest.raises(TypeError, match="gloo backend cannot reduce dtype torch.uint16"):
         ops.check_backend(gloo.reductions, "SUM", torch.uint16)
     assert polydist.context.available_backends() == polydist.available_backends()
-    assert all(registry.get(name).available() for name in polydist.context.available_backends() if name in registry.names())
+    assert all(registry.get(name).lifecycle.available() for name in polydist.context.available_backends() if name in registry.names())
 
 
 def test_a_declared_entry_drives_the_core_without_an_edit_to_it(declared):
@@ -74,15 +75,31 @@ def test_a_declared_entry_drives_the_core_without_an_edit_to_it(declared):
     assert registry.get("pdtest") is entry and "pdtest" in registry.names()
 
 
-def test_resolve_and_the_rendezvous_come_from_the_entry(declared):
-    declared(registry.Backend("pdalias", resolve=lambda name: "gloo"))
+class _Alias(registry.Lifecycle):
+    def resolve(self, name):
+        return "gloo"
+
+
+class _Own(registry.Lifecycle):
+    init_url = "pdown://"
+
+
+class _Host(registry.Lifecycle):
+    init_url = "pdhost://"
+
+    def hosts_rendezvous(self, info):
+        return True
+
+
+def test_resolve_and_the_rendezvous_come_from_the_lifecycle(declared):
+    declared(registry.Backend("pdalias", lifecycle=_Alias()))
     assert registry.resolve("PDALIAS") == "gloo"
     with pytest.raises(ValueError, match="Unknown backend 'pdnowhere'"):
         registry.resolve("pdnowhere")
-    own = declared(registry.Backend("pdown", init_url="pdown://"))
+    own = declared(registry.Backend("pdown", lifecycle=_Own()))
     info = ProcessInfo(launcher="serial", rank=0, world_size=1)
     assert registry.rendezvous_for(own, info) is own and registry.rendezvous_for(registry.get("gloo"), info) is None
-    hosted = dataclasses.replace(own, name="pdhost", init_url="pdhost://", hosts_rendezvous=lambda info: True)
+    hosted = dataclasses.replace(own, name="pdhost", lifecycle=_Host())
     declared(hosted)
     assert registry.rendezvous_for(registry.get("gloo"), info) is hosted  # the job's rendezvous comes first
 
@@ -113,11 +130,24 @@ def test_point_to_point_is_refused_from_the_entry_before_anything_is_sent(declar
         spec.check(SimpleNamespace(backend="gloo", entry=registry.get("gloo")), torch.ones(1), 1, 0, None)
 
 
-def test_a_device_probe_from_the_entry_makes_it_the_default(declared):
-    cuda_default = registry.get("nccl").device_visible() and registry.get("nccl").available()
-    declared(registry.Backend("pdaccel", device="pdaccel", default_for="pdaccel", device_probe=lambda: False))
+class _Sees(registry.Lifecycle):
+    def __init__(self, visible):
+        self.visible = visible
+
+    def sees_device(self, device):
+        return device == "pdaccel" and self.visible
+
+
+class _NotInstalled(registry.Lifecycle):
+    def register(self):
+        return False
+
+
+def test_a_device_the_lifecycle_sees_makes_it_the_default(declared):
+    cuda_default = registry.get("nccl").device_visible() and registry.get("nccl").lifecycle.available()
+    declared(registry.Backend("pdaccel", device="pdaccel", default_for="pdaccel", lifecycle=_Sees(False)))
     assert registry.default_name() == ("nccl" if cuda_default else "gloo")  # its device is not visible
-    declared(registry.Backend("pdaccel", device="pdaccel", default_for="pdaccel", device_probe=lambda: True))
+    declared(registry.Backend("pdaccel", device="pdaccel", default_for="pdaccel", lifecycle=_Sees(True)))
     assert registry.default_name() == ("nccl" if cuda_default else "pdaccel")
     assert registry.get("gloo").device_visible()  # cpu and cuda as before
 
@@ -127,5 +157,5 @@ def test_idist_model_names_come_from_the_entries_that_can_run(declared):
     assert polydist.registered_computation_models() == ["serial", *registry.model_names()]
     assert polydist.has_hvd_support == ("horovod-dist" in registry.model_names())
     declared(registry.Backend("pdmodel", model_name="pdmodel-dist"))
-    declared(registry.Backend("pdabsent", model_name="pdabsent-dist", register=lambda: False))  # not installed
+    declared(registry.Backend("pdabsent", model_name="pdabsent-dist", lifecycle=_NotInstalled()))  # not installed
     assert "pdmodel-dist" in registry.model_names() and "pdabsent-dist" not in registry.model_names()

@@ -1,7 +1,12 @@
 """The backend registry: what each backend is, declared once; core modules ask here and never compare names.
 
 A backend is its folder (``backends/<name>/``, for those polydist provides)
-plus one :class:`Backend` entry, declared with :func:`declare`: torch's own
+plus one :class:`Backend` entry, declared with :func:`declare`. The entry is
+a small record of what the core asks about communication (devices,
+reductions, subgroups, point-to-point, AVG, the mover) and a
+:class:`Lifecycle` object: what the backend does at start, join, launch,
+adoption and finalize, and for training and data loading, each a method
+whose default does nothing special. Declared: torch's own
 backends below, polydist's in their folders (:mod:`~polydist.backends.mpi4py`
 declares ``mpi4py`` and torch's ``mpi``, :mod:`~polydist.backends.horovod`
 ``horovod``, :mod:`~polydist.backends.xla` ``xla-tpu``). Any other backend registered with
@@ -22,7 +27,7 @@ from .. import ops, settings
 from .direct import DirectProcessGroup
 
 __all__ = [
-    "Backend", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
+    "Backend", "Lifecycle", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
     "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS",
     "adopt_any", "registrar", "resolve_once_registered", "resolve", "resolved_name",
 ]
@@ -32,22 +37,121 @@ DIRECT = "direct"  # the group's own blocking calls, past torch's dispatch (a Di
 SLOTS = "slots"  # torch.distributed calls, the predicted-slot protocol (collectives/slots.py)
 
 
-def _always() -> bool:
-    return True
+class Lifecycle:
+    """What a backend does at start, join, launch, adoption and finalize, and for training and data loading.
+
+    Every method's default is what torch.distributed does for any backend (nothing special). A backend's
+    folder subclasses it where its backend does more, and its entry holds an instance
+    (:attr:`Backend.lifecycle`); the core calls these methods and never compares a backend's name.
+
+    Attributes (class level, read by the core):
+        init_url: the init method by which its ranks meet (``"mpi://"``), when not torch's (env://, tcp://).
+        ranks_from_backend: ``init_process_group`` takes rank and world size from the backend itself.
+        offers_host_address: its ranks offer the others the address their host name resolves to (gloo).
+        needs_launcher: the launcher program that alone starts its ranks (MPI: ``"mpiexec"``): ``polydist.spawn``
+            refuses more than one process, ``polydist run`` and ``polydist bench`` start the ranks with it.
+        starts_processes: its own launcher starts :func:`polydist.spawn`'s processes (:meth:`start_processes`).
+        training_at_every_size: its :meth:`training` optimizer wrapper applies at world size 1 too (XLA:
+            the step goes through ``xm.optimizer_step``, as idist wraps it at every size).
+        pin_memory_refused: the warning ``auto_dataloader(pin_memory=True)`` gives before loading unpinned
+            (XLA: idist's words); None: pinning follows the device.
+    """
+
+    init_url: Optional[str] = None
+    ranks_from_backend: bool = False
+    offers_host_address: bool = False
+    needs_launcher: Optional[str] = None
+    starts_processes: bool = False
+    training_at_every_size: bool = False
+    pin_memory_refused: Optional[str] = None
+
+    def available(self) -> bool:
+        """Whether it is usable in this process (listed by ``polydist.available_backends()``)."""
+        return True
+
+    def register(self) -> bool:
+        """Register it with torch.distributed (backend name, init method) where it can run; False where it
+        cannot (not installed). Called when polydist is imported (:func:`register_all`)."""
+        return True
+
+    def sees_device(self, device: str) -> bool:
+        """Whether this process sees a device of type ``device`` (the entry's :attr:`Backend.device`): cpu always,
+        cuda when ``torch.cuda.is_available()``; a backend whose device torch cannot query says (torch_xla)."""
+        return device == "cpu" or (device == "cuda" and torch.cuda.is_available())
+
+    def resolve(self, name: str) -> str:
+        """The backend actually created for the name asked for (torch's ``mpi`` on stock wheels: ``mpi4py``);
+        raises ``ValueError`` where it cannot be (not installed)."""
+        return name.lower()
+
+    def hosts_rendezvous(self, info: Any) -> bool:
+        """Whether every backend's ranks meet by this one's :attr:`init_url` in the job ``info`` describes (an
+        MPI job without ``MASTER_ADDR``: over ``mpi://``)."""
+        return False
+
+    def check_join(self, info: Any, name: str) -> None:
+        """Raise ``ValueError`` before the group is made in a world it cannot join (``name``: as asked for)."""
+
+    def after_join(self) -> None:
+        """Once a default group exists that met by its :attr:`init_url` or took its ranks from it (MPI: abort the
+        job on an uncaught exception, as MPI collectives have no timeout). Must be idempotent."""
+
+    def launch_advice(self, info: Any, who: str) -> Optional[str]:
+        """What to do when its group is not the world a launcher (``who``, in words) announced; None: nothing
+        special to say."""
+        return None
+
+    def start_processes(self, work: Callable[[], Any], nproc_per_node: int, nnodes: int) -> list:
+        """Where :attr:`starts_processes`: how :func:`polydist.spawn` starts its processes with the backend's own
+        launcher (torch_xla's ``xmp.spawn``, ``horovod.run``): runs the picklable ``work()`` in each and returns
+        this node's results by local rank. Others: PyTorch's elastic agent starts them, not this."""
+        raise NotImplementedError(f"{type(self).__name__} starts no processes of its own")
+
+    def adopt(self) -> bool:
+        """When no process group exists: make the default group over a runtime the program started itself
+        (``hvd.init()``; an XLA device in use), without communicating, and return True; False when there is none
+        (:func:`adopt_any`)."""
+        return False
+
+    def after_destroy(self) -> None:
+        """After ``polydist.finalize`` destroyed the default group polydist made (Horovod: shut down the Horovod
+        ``initialize`` started)."""
+
+    def add_group(self, ranks: list, every_rank: bool) -> None:
+        """Called on every rank, members and not, before a group of fewer ranks is made, where the backend's
+        groups need the whole job (Horovod's process sets). ``every_rank=True`` from ``new_group``, which every
+        rank calls each time; False for a rank list given to a collective."""
+
+    def compute_device(self) -> Optional[torch.device]:
+        """The device :func:`polydist.device` gives on it, where that is not the entry's
+        :meth:`~Backend.comm_device` (XLA: ``torch_xla.device()``, its byte buffers staying on the CPU)."""
+        return None
+
+    def training(self) -> Any:
+        """Where it has its own model/optimizer wrappers (Horovod), the module offering ``broadcast_parameters``
+        and ``DistributedOptimizer``; None: torch's DDP."""
+        return None
+
+    def wrap_loader(self, loader: Any, world_size: int) -> Any:
+        """The loader ``auto_dataloader`` returns in place of ``loader`` (XLA: ``MpDeviceLoader`` at world size > 1)."""
+        return loader
+
+    def versions(self) -> dict:
+        """What carries its traffic and their versions (``{"nccl": "2.21.5"}``), for benchmark reports."""
+        return {}
 
 
-def _never() -> bool:
-    return False
+DEFAULT_LIFECYCLE = Lifecycle()
 
 
 @dataclass(frozen=True, eq=False)  # an entry is itself: compared and hashed by identity
 class Backend:
-    """One backend's traits (defaults: what torch.distributed promises of any backend).
+    """What the core asks about one backend's communication (defaults: what torch.distributed promises of any
+    backend), and its :class:`Lifecycle`.
 
     Attributes:
         name: the name ``torch.distributed.get_backend`` gives its groups.
         builtin: one of torch's own backends (listed first by :func:`available_names`, in declaration order).
-        available: whether it is usable in this process (listed by ``polydist.available_backends()``).
         device: the device type its byte buffers live on; ``"cuda"``: the current CUDA device (:meth:`comm_device`).
         default_for: the device type it is the default backend for, when that device is visible (:func:`default_name`).
         reduce_keeps_input: ``reduce`` leaves the non-destination ranks' inputs untouched (gloo writes
@@ -55,101 +159,39 @@ class Backend:
         native_avg: it has a ``ReduceOp.AVG`` that matches SUM-then-divide.
         no_subgroups: None when its members alone make groups of fewer ranks than the world; else
             the error for such a group of the given global ranks, or None where this job can make it
-            with every rank's help (``add_group``; horovod with dynamic process sets).
-        add_group: ``(ranks, every_rank=...)``, called on every rank, members and not, before a group of
-            fewer ranks is made: the backend's groups need the whole job (Horovod's process sets).
-            ``every_rank=True`` from ``new_group``, which every rank calls each time (the backend agrees
-            with the others even on a group it has); False for a rank list given to a collective.
+            with every rank's help (:meth:`Lifecycle.add_group`; horovod with dynamic process sets).
         point_to_point: it has send/recv.
-        init_url: the init method by which its ranks meet (``"mpi://"``), when not torch's (env://, tcp://).
-        hosts_rendezvous: ``(info)``, whether every backend's ranks meet by its ``init_url`` in this
-            job (an MPI job without ``MASTER_ADDR``: over ``mpi://``).
-        ranks_from_backend: ``init_process_group`` takes rank and world size from the backend itself.
-        resolve: the backend actually created for the name asked for (torch's ``mpi`` on stock wheels:
-            ``mpi4py``); raises ``ValueError`` where it cannot be (not installed).
-        check_join: ``(info, name asked for)``, raises before the group is made in a world it cannot join.
-        after_join: called once a default group exists that met by its ``init_url`` or took its ranks from
-            it (MPI: abort the job on an uncaught exception, as MPI collectives have no timeout).
-        offers_host_address: its ranks offer the others the address their host name resolves to (gloo).
         model_name: ``polydist.model_name()`` on it, as ``ignite.distributed`` names it.
-        training: where it has its own model/optimizer wrappers (Horovod), returns the module offering
-            ``broadcast_parameters`` and ``DistributedOptimizer``.
         reductions: what it reduces (op x dtype), checked before any communication; None: not second-guessed.
-        launch_advice: ``(info, launcher in words)``, what to do when its group is not the world a
-            launcher announced, or None when it has nothing special to say.
-        register: registers it with torch.distributed (backend name, init method) where it can run;
-            False where it cannot (not installed). Called when polydist is imported (:func:`register_all`).
         mover: how polydist's collectives move its groups' bytes: :data:`DIRECT` (the group's direct calls:
             it must be a :class:`~polydist.backends.direct.DirectProcessGroup`) or :data:`SLOTS`; None: by the
             group (a DirectProcessGroup gets its direct calls, any other the slots). See :meth:`moves_direct`.
-        device_probe: whether this process sees a device of :attr:`device`'s type, where torch's CUDA query
-            cannot tell (an XLA device: ``torch_xla`` says); None: cpu always, cuda when
-            ``torch.cuda.is_available()`` (:meth:`device_visible`).
-        compute_device: the device :func:`polydist.device` gives on it, where that is not :meth:`comm_device`
-            (XLA: ``torch_xla.device()``, its byte buffers staying on the CPU); None: :meth:`comm_device`.
-        start_processes: ``(work, nproc_per_node, nnodes)``, how :func:`polydist.spawn` starts this backend's
-            processes when the backend's own launcher must (torch_xla's ``xmp.spawn``): runs the picklable
-            ``work()`` in each and returns this node's results by local rank; None: PyTorch's elastic agent.
-        training_at_every_size: its :attr:`training` optimizer wrapper applies at world size 1 too (XLA:
-            the step goes through ``xm.optimizer_step``, as idist wraps it at every size).
-        pin_memory_refused: the warning ``auto_dataloader(pin_memory=True)`` gives before loading unpinned
-            (XLA: idist's words); None: pinning follows the device.
-        wrap_loader: ``(loader, world size)``, the loader ``auto_dataloader`` returns in its place (XLA:
-            ``MpDeviceLoader`` at world size > 1).
-        needs_launcher: the launcher program that alone starts its ranks (MPI: ``"mpiexec"``): ``polydist.spawn``
-            refuses more than one process, ``polydist run`` and ``polydist bench`` start the ranks with it.
         timeout_settable: its default group's timeout can be changed after creation (torch's
             ``_set_pg_timeout``: gloo and nccl).
         torch_recorder: torch's own flight recorder sees its groups' calls (gloo, nccl), so calls not made
             through polydist's API (DDP's) are in torch's dump, not polydist's.
-        versions: what carries its traffic and their versions (``{"nccl": "2.21.5"}``), for benchmark reports.
         torch_devices: the device types torch is told its groups take (``Backend.register_backend(devices=...)``,
             ``Backend.backend_capability``) where polydist implements it; None: torch's own backend, left as torch says.
         listed: named in ``polydist run --help`` (False for second spellings and names that never run here).
-        after_destroy: called by ``polydist.finalize`` after the default group polydist made is destroyed
-            (Horovod: shut down the Horovod ``initialize`` started).
-        adopt: when no process group exists, makes the default group over a runtime the program started
-            itself (``hvd.init()``; an XLA device in use), without communicating, and returns True; False
-            when there is none (:func:`adopt_any`).
+        lifecycle: what it does at start, join, launch, adoption and finalize (:class:`Lifecycle`).
     """
 
     name: str
     builtin: bool = False
-    available: Callable[[], bool] = _always
     device: str = "cpu"
     default_for: Optional[str] = None
     reduce_keeps_input: bool = False
     native_avg: bool = False
     no_subgroups: Optional[Callable[[list], Optional[Exception]]] = None
-    add_group: Optional[Callable[..., Any]] = None  # (ranks, every_rank=...)
     point_to_point: bool = True
-    init_url: Optional[str] = None
-    hosts_rendezvous: Optional[Callable[[Any], bool]] = None
-    ranks_from_backend: bool = False
-    resolve: Optional[Callable[[str], str]] = None
-    check_join: Optional[Callable[[Any, str], None]] = None
-    after_join: Optional[Callable[[], None]] = None
-    offers_host_address: bool = False
     model_name: str = "native-dist"
-    training: Optional[Callable[[], Any]] = None
     reductions: Optional[ops.Reductions] = None
-    launch_advice: Optional[Callable[[Any, str], Optional[str]]] = None
-    register: Callable[[], bool] = _always
     mover: Optional[str] = None
-    device_probe: Optional[Callable[[], bool]] = None
-    compute_device: Optional[Callable[[], torch.device]] = None
-    start_processes: Optional[Callable[[Callable[[], Any], int, int], list]] = None
-    training_at_every_size: bool = False
-    pin_memory_refused: Optional[str] = None
-    wrap_loader: Optional[Callable[[Any, int], Any]] = None
-    adopt: Optional[Callable[[], bool]] = None
-    needs_launcher: Optional[str] = None
     timeout_settable: bool = False
     torch_recorder: bool = False
-    versions: Optional[Callable[[], dict]] = None
     torch_devices: Optional[tuple] = None
     listed: bool = True
-    after_destroy: Optional[Callable[[], None]] = None
+    lifecycle: Lifecycle = DEFAULT_LIFECYCLE
 
     def comm_device(self) -> torch.device:
         """Where a group of this backend communicates: ``cuda:<current device>`` for CUDA backends, else the type."""
@@ -158,10 +200,8 @@ class Backend:
         return torch.device(self.device)
 
     def device_visible(self) -> bool:
-        """Whether this process sees a device of :attr:`device`'s type (:attr:`device_probe` where declared)."""
-        if self.device_probe is not None:
-            return bool(self.device_probe())
-        return self.device == "cpu" or (self.device == "cuda" and torch.cuda.is_available())
+        """Whether this process sees a device of :attr:`device`'s type (:meth:`Lifecycle.sees_device`)."""
+        return self.lifecycle.sees_device(self.device)
 
     def moves_direct(self, group: Any) -> bool:
         """Whether polydist's collectives call ``group``'s direct calls (:attr:`mover`), not torch.distributed's.
@@ -224,21 +264,21 @@ def names() -> tuple[str, ...]:
 
 def by_init_url(url: Optional[str]) -> Optional[Backend]:
     """The backend whose ranks meet by init method ``url``, if one declared it."""
-    return next((e for e in _ENTRIES.values() if url is not None and e.init_url == url), None)
+    return next((e for e in _ENTRIES.values() if url is not None and e.lifecycle.init_url == url), None)
 
 
 def model_names() -> tuple[str, ...]:
     """idist's names of the computation models the declared backends that can run here give, once each, in
     declaration order (``"native-dist"``, then e.g. ``"horovod-dist"`` where Horovod is installed)."""
-    usable = (e for e in _ENTRIES.values() if (e.available() if e.builtin else e.register()))
+    usable = (e for e in _ENTRIES.values() if (e.lifecycle.available() if e.builtin else e.lifecycle.register()))
     return tuple(dict.fromkeys(e.model_name for e in usable))
 
 
 def register_all() -> None:
-    """Register every declared backend that torch does not know by itself (:attr:`Backend.register`), and tell
+    """Register every declared backend that torch does not know by itself (:meth:`Lifecycle.register`), and tell
     torch the devices of each that polydist implements (:func:`tell_torch`)."""
     for entry in tuple(_ENTRIES.values()):
-        if entry.register():
+        if entry.lifecycle.register():
             tell_torch(entry)
 
 
@@ -251,10 +291,9 @@ def tell_torch(entry: Backend) -> None:
 
 
 def after_destroy_all() -> None:
-    """After ``polydist.finalize`` destroyed the group it made: every backend's :attr:`Backend.after_destroy`."""
+    """After ``polydist.finalize`` destroyed the group it made: every backend's :meth:`Lifecycle.after_destroy`."""
     for entry in tuple(_ENTRIES.values()):
-        if entry.after_destroy is not None:
-            entry.after_destroy()
+        entry.lifecycle.after_destroy()
 
 
 def listed_names() -> tuple[str, ...]:
@@ -269,13 +308,13 @@ def fr_library(backends: Any) -> str:
 
 
 def adopt_any() -> bool:
-    """With no process group: the first backend whose runtime the program started makes one (:attr:`Backend.adopt`)."""
-    return any(e.adopt() for e in tuple(_ENTRIES.values()) if e.adopt is not None)
+    """With no process group: the first backend whose runtime the program started makes one (:meth:`Lifecycle.adopt`)."""
+    return any(e.lifecycle.adopt() for e in tuple(_ENTRIES.values()))
 
 
 def registrar(name: str, available: Callable[[], bool], create: Callable, scheme: str,
               rendezvous: Callable) -> Callable[[], bool]:
-    """A :attr:`Backend.register` for a backend written in Python: once ``available()``, registers backend ``name``
+    """A :meth:`Lifecycle.register` for a backend written in Python: once ``available()``, registers backend ``name``
     (its creator ``create``, torch's extended API, the devices of its entry's :attr:`Backend.torch_devices`) and
     init method ``scheme://`` (``rendezvous``) with torch.distributed, on the first call; returns whether it is
     registered."""
@@ -297,7 +336,7 @@ def registrar(name: str, available: Callable[[], bool], create: Callable, scheme
 
 
 def resolve_once_registered(name: str, register: Callable[[], bool], missing: str) -> Callable[[str], str]:
-    """A :attr:`Backend.resolve` for a backend that needs a package: ``name`` once ``register()`` succeeds, else
+    """A :meth:`Lifecycle.resolve` for a backend that needs a package: ``name`` once ``register()`` succeeds, else
     ``ValueError`` naming the backend asked for, ``missing`` (what is not installed) and, in ignite's words, the
     backends there are."""
 
@@ -316,8 +355,8 @@ def rendezvous_for(entry: Backend, info: Any) -> Optional[Backend]:
 
     A backend hosting this job's rendezvous first (MPI's, in an MPI job), else ``entry``'s own.
     """
-    host = next((e for e in _ENTRIES.values() if e.hosts_rendezvous is not None and e.hosts_rendezvous(info)), None)
-    return host if host is not None else (entry if entry.init_url is not None else None)
+    host = next((e for e in _ENTRIES.values() if e.lifecycle.hosts_rendezvous(info)), None)
+    return host if host is not None else (entry if entry.lifecycle.init_url is not None else None)
 
 
 def default_name() -> str:
@@ -326,7 +365,7 @@ def default_name() -> str:
     nccl where CUDA is visible and torch has it, else gloo.
     """
     for entry in _ENTRIES.values():
-        if entry.default_for is not None and entry.default_for != "cpu" and entry.device_visible() and entry.available():
+        if entry.default_for is not None and entry.default_for != "cpu" and entry.device_visible() and entry.lifecycle.available():
             return entry.name
     return next(e.name for e in _ENTRIES.values() if e.default_for == "cpu")
 
@@ -345,7 +384,7 @@ def resolve(name: Optional[str]) -> str:
         raise TypeError(f"backend must be a string such as {GLOO.name!r} or {NCCL.name!r}, got {name!r}")
     lowered = name.lower()
     entry = get(lowered)
-    resolved = entry.resolve(name) if entry.resolve is not None else lowered  # may register it, or raise
+    resolved = entry.lifecycle.resolve(name)  # may register it, or raise
     if resolved not in {b.lower() for b in dist.Backend.backend_list}:
         raise ValueError(  # "Backend should be one of": ignite.distributed's words, which its users match
             f"Unknown backend {name!r}. Available backends: {', '.join(available_names())} (Backend should be one "
@@ -360,14 +399,14 @@ def resolved_name(name: str) -> str:
     """The backend a group asked for as ``name`` has, as far as its entry says without raising (idist's "xla": "xla-tpu")."""
     entry = get(name.lower())
     try:
-        return entry.resolve(name) if entry.resolve is not None else name.lower()
+        return entry.lifecycle.resolve(name)
     except ValueError:  # not installed: no group of it can exist
         return name.lower()
 
 
 def available_names() -> tuple[str, ...]:
     """Backends usable in this process: torch's own that are built in (nccl: with CUDA visible), then every other registered one."""
-    listed = [e.name for e in _ENTRIES.values() if e.builtin and e.available()]
+    listed = [e.name for e in _ENTRIES.values() if e.builtin and e.lifecycle.available()]
     builtin = {e.name for e in _ENTRIES.values() if e.builtin}
     listed.extend(b for b in dist.Backend.backend_list if b not in builtin and b not in listed)
     return tuple(listed)
@@ -385,9 +424,28 @@ MPI_DTYPES = frozenset(_FLOATS | _COMPLEX | UNSIGNED_WIDE | {torch.int8, torch.u
 # gloo: ProcessGroupGloo instantiates its reductions for float, double, half, bfloat16, int8, uint8,
 # int32, int64 and bool only (GENERATE_ALL_TYPES); int16 and uint16/32/64 fail inside gloo with
 # "Invalid scalar type" under every op (measured on torch 2.13: all_reduce, reduce, reduce_scatter).
+class _Gloo(Lifecycle):
+    offers_host_address = True
+
+    def available(self) -> bool:
+        return dist.is_gloo_available()
+
+
+class _Nccl(Lifecycle):
+    def available(self) -> bool:
+        return dist.is_nccl_available() and torch.cuda.is_available()
+
+    def versions(self) -> dict:
+        return {"nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+
+
+class _Absent(Lifecycle):
+    def available(self) -> bool:
+        return False
+
+
 GLOO = declare(Backend(
-    "gloo", builtin=True, available=lambda: dist.is_gloo_available(), default_for="cpu", offers_host_address=True,
-    mover=SLOTS, timeout_settable=True, torch_recorder=True,
+    "gloo", builtin=True, default_for="cpu", lifecycle=_Gloo(), mover=SLOTS, timeout_settable=True, torch_recorder=True,
     reductions=ops.Reductions(
         "gloo", frozenset(_FLOATS | _COMPLEX | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}),
         source="torch's ProcessGroupGloo.cpp (GENERATE_ALL_TYPES); measured on torch 2.13",
@@ -398,9 +456,8 @@ GLOO = declare(Backend(
 _FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
 _NCCL_DTYPES = frozenset(_FLOATS | _COMPLEX | _FLOAT8 | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool})
 NCCL = declare(Backend(
-    "nccl", builtin=True, available=lambda: dist.is_nccl_available() and torch.cuda.is_available(), device="cuda",
-    default_for="cuda", reduce_keeps_input=True, native_avg=True, mover=SLOTS, timeout_settable=True,
-    torch_recorder=True, versions=lambda: {"nccl": ".".join(map(str, torch.cuda.nccl.version()))},
+    "nccl", builtin=True, lifecycle=_Nccl(), device="cuda", default_for="cuda", reduce_keeps_input=True,
+    native_avg=True, mover=SLOTS, timeout_settable=True, torch_recorder=True,
     reductions=ops.Reductions(
         "nccl", _NCCL_DTYPES, refused={op: _NCCL_DTYPES for op in ("AND", "OR", "XOR")},
         source="torch's ProcessGroupNCCL (ncclDataType, ncclOp); NCCL's docs (ncclDataType_t, ncclRedOp_t)",
@@ -408,4 +465,4 @@ NCCL = declare(Backend(
 ))
 # torch's other built-in names: never listed as available here (ucc, xccl: not in the wheels polydist supports).
 for _name in ("ucc", "xccl", "undefined", "fake"):
-    declare(Backend(_name, builtin=True, available=_never, listed=False))
+    declare(Backend(_name, builtin=True, lifecycle=_Absent(), listed=False))

@@ -102,9 +102,7 @@ def _say(text: str, cfg: BenchConfig) -> None:
 def backend_versions(name: Optional[str]) -> dict:
     """Versions of what carries ``name``'s traffic: NCCL; mpi4py, the MPI wheel and the MPI library (when loaded)."""
     entry = registry.get(name)
-    if entry.versions is None or not entry.device_visible():
-        return {}
-    return entry.versions()
+    return entry.lifecycle.versions() if entry.device_visible() else {}
 
 
 def measure_here(cfg: BenchConfig, label: str) -> tuple:

@@ -144,7 +144,7 @@ def _sizes(ns: argparse.Namespace) -> list:
 
 def by_mpiexec(name: str) -> bool:
     """Whether backend ``name``'s ranks are started by mpiexec (MPI makes its own ranks)."""
-    return registry.get(name).needs_launcher == "mpiexec"
+    return registry.get(name).lifecycle.needs_launcher == "mpiexec"
 
 
 def default_backend() -> str:

@@ -171,7 +171,7 @@ def run(ns: argparse.Namespace) -> int:
 def _launch(ns: argparse.Namespace) -> int:
     target = ["-m", ns.script] if ns.module else [ns.script]
     worker = ["-u", "-m", "polydist.launch.worker", *target, *ns.args]
-    if ns.backend and registry.get(ns.backend.lower()).needs_launcher == "mpiexec":
+    if ns.backend and registry.get(ns.backend.lower()).lifecycle.needs_launcher == "mpiexec":
         return _run_mpi(ns, worker)
     os.environ[settings.LAUNCHER_PID.name] = str(os.getpid())  # the workers' parent: they die with it
     min_nodes, max_nodes = ns.nnodes

@@ -123,15 +123,14 @@ def spawn(
     """
     resolved = registry.resolve(backend)  # an unknown or unavailable backend fails here, before any process starts
     init = {"init_method": init_method, "timeout": timeout}
-    entry = registry.get(resolved)
-    starter = entry.start_processes
-    if starter is not None:  # the backend's own launcher (xla-tpu: torch_xla's xmp.spawn; horovod: horovod.run)
+    lifecycle = registry.get(resolved).lifecycle
+    if lifecycle.starts_processes:  # the backend's own launcher (xla-tpu: torch_xla's xmp.spawn; horovod: horovod.run)
         if max_restarts:
             raise ValueError(f"max_restarts={max_restarts!r}: spawn with backend {backend!r} cannot restart its processes "
                              "(its own launcher starts them)")
         work = functools.partial(_joined, fn, tuple(args), dict(kwargs_dict or {}), backend, init)
-        return starter(work, nproc_per_node, nnodes)
-    if entry.needs_launcher is not None and (nproc_per_node, nnodes) != (1, 1):  # polydist/announced.py's rule
+        return lifecycle.start_processes(work, nproc_per_node, nnodes)
+    if lifecycle.needs_launcher is not None and (nproc_per_node, nnodes) != (1, 1):  # polydist/announced.py's rule
         raise ValueError(
             f"spawn with backend {backend!r}: MPI sees only the ranks an MPI launcher starts, and spawn's "
             "processes would each be a world of one; run the script under mpiexec -n N (or polydist run "

