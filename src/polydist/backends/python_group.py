@@ -1,4 +1,4 @@
-"""What polydist's ProcessGroups written in Python (mpi4py, horovod) share.
+"""What polydist's ProcessGroups written in Python (mpi4py, horovod, xla-tpu) share.
 
 A name under which torch registers the group, one :class:`~polydist.backends.work.Lane`
 that runs the group's operations in call order, the checks of every call's
@@ -7,15 +7,19 @@ operation that is the same algorithm on any transport, the operations torch
 asks for that are compositions of others (the coalesced and list forms), and
 torch's other names for the same operations (``_allgather_base``, ...).
 
-A group adds its transport: the reductions (``_reduce_plan``, ``_reduce_now``,
-``reduce``, ``reduce_scatter_single``'s body) and five moves of contiguous
-buffers, each on the lane, by bytes, whatever the dtype:
+A group adds its transport: the reductions (``_reduce_plan``, ``_reduce_now``;
+``reduce`` and ``_reduce_scatter_now`` where the transport has its own, else
+the all-reduce of a copy) and five moves of contiguous buffers, each on the
+lane, by bytes, whatever the dtype:
 ``_broadcast_now(c, root)``, ``_allgather_into(dst, src)`` (``dst`` holds every
 rank's ``src`` in rank order), ``_gather_into(dst, src, root)`` (``dst`` None
 off the root), ``_scatter_from(src, dst, root)`` (``src`` None off the root)
 and ``_alltoall_into(dst, src, send, recv, even)`` (byte counts per group rank;
-``even``: torch's equal split), plus ``_barrier_now()``, point-to-point and the
-direct piece exchanges of :class:`~polydist.backends.direct.DirectProcessGroup`.
+``even``: torch's equal split; by default the direct calls' byte all-to-all),
+plus ``_barrier_now()``, point-to-point and the direct piece exchanges of
+:class:`~polydist.backends.direct.DirectProcessGroup`.
+Where its tensors are not plain CPU memory (XLA), ``_cpu`` (the device rule)
+and ``_bytes`` (a tensor's bytes as the transport sends them) say so.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def check_cpu(t: torch.Tensor, backend: str, why: str = "") -> None:
 
 
 class PythonProcessGroup(DirectProcessGroup):
-    """The base of the mpi4py and horovod groups; ``backend`` is the name ``getBackendName()`` gives.
+    """The base of the mpi4py, horovod and xla-tpu groups; ``backend`` is the name ``getBackendName()`` gives.
 
     Argument errors are :class:`~polydist.errors.InvalidArgumentError`, both
     the ``RuntimeError`` torch's own backends raise for the same mistakes and
@@ -192,6 +196,10 @@ class PythonProcessGroup(DirectProcessGroup):
         for t in tensors:
             check_cpu(t, self._backend, self.CPU_ONLY_WHY)
 
+    def _bytes(self, t: torch.Tensor) -> torch.Tensor:
+        """``t``'s memory as a flat uint8 tensor the transport can send (a view of a contiguous CPU tensor)."""
+        return bytes_of(t.contiguous())
+
     def _like(self, what: str, name: str, index: int, t: torch.Tensor, like: torch.Tensor, like_name: str) -> None:
         """``t`` must have ``like``'s dtype and number of elements (torch's rule for the list forms); on the CPU."""
         if t.dtype != like.dtype or t.numel() != like.numel():
@@ -249,8 +257,24 @@ class PythonProcessGroup(DirectProcessGroup):
         self._call("all_reduce", lambda: self._reduce_into(t, plan), [t])
         return t
 
+    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> LaneWork:
+        return self.allreduce(tensors, opts)
+
     def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
-        raise NotImplementedError
+        """The all-reduce of a copy, kept on the root: the other ranks' inputs stay untouched (a transport with a
+        reduce of its own overrides this)."""
+        root = opt(opts, "rootRank", 0)
+        red = opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        plans = self._plans(tensors, red)
+
+        def body() -> None:
+            for t, plan in zip(tensors, plans):
+                c = t.clone(memory_format=torch.contiguous_format)
+                self._reduce_now(c, plan)
+                if self._rank == root:
+                    t.copy_(c)
+
+        return self._run("reduce", body, tensors, opts, tensors, root=root, red=red)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> LaneWork:
         size = self._size
@@ -267,7 +291,11 @@ class PythonProcessGroup(DirectProcessGroup):
                          red=red)  # fmt: skip
 
     def _reduce_scatter_now(self, output: torch.Tensor, input: torch.Tensor, plan: Any) -> None:
-        raise NotImplementedError
+        """The all-reduce of a copy of ``input``, this rank's block kept in ``output`` (a transport with a
+        reduce-scatter of its own overrides this)."""
+        whole = input.clone(memory_format=torch.contiguous_format)
+        self._reduce_now(whole, plan)
+        output.copy_(whole.reshape(self._size, -1)[self._rank].reshape(output.shape))
 
     # ------------------------------------------------------------ data movement (the transport in the _*_now/_into)
 
@@ -332,7 +360,7 @@ class PythonProcessGroup(DirectProcessGroup):
                 self._like("all_gather_coalesced", "output", i, out, inp, "input")
 
         def body() -> None:
-            src = torch.cat([bytes_of(t.contiguous()) for t in inputs]) if inputs else torch.empty(0, dtype=torch.uint8)
+            src = torch.cat([self._bytes(t) for t in inputs]) if inputs else torch.empty(0, dtype=torch.uint8)
             flat = torch.empty(src.numel() * size, dtype=torch.uint8)
             self._allgather_into(flat, src)
             for r, outs in enumerate(output_lists):
@@ -357,7 +385,7 @@ class PythonProcessGroup(DirectProcessGroup):
 
         def body() -> None:
             with Contiguous(outputs[0]) as dst:
-                src = torch.cat([bytes_of(t.contiguous()) for t in input_lists[0]]) if here else None
+                src = torch.cat([self._bytes(t) for t in input_lists[0]]) if here else None
                 self._scatter_from(src, dst, root)
 
         return self._run("scatter", body, outputs, opts, input_lists[0] if here else outputs, root=root)
@@ -389,7 +417,7 @@ class PythonProcessGroup(DirectProcessGroup):
         recv = [t.nbytes for t in outputs]
 
         def body() -> None:
-            src = torch.cat([bytes_of(t.contiguous()) for t in inputs])
+            src = torch.cat([self._bytes(t) for t in inputs])
             dst = torch.empty(sum(recv), dtype=torch.uint8)
             self._alltoall_into(dst, src, send, recv, False)
             unflatten(dst, outputs, by_bytes=True)
@@ -412,7 +440,12 @@ class PythonProcessGroup(DirectProcessGroup):
         raise NotImplementedError
 
     def _alltoall_into(self, dst: torch.Tensor, src: torch.Tensor, send: list, recv: list, even: bool) -> None:
-        raise NotImplementedError
+        """By default the direct calls' byte all-to-all (:meth:`_all_to_all_bytes`); a transport with an
+        all-to-all of its own overrides this."""
+        got = self._all_to_all_bytes(self._bytes(src), send)
+        if got.numel() != sum(recv):
+            raise ValueError(f"all_to_all: received {got.numel()} bytes, the outputs hold {sum(recv)}")
+        unflatten(got, [dst], by_bytes=True)
 
     def _barrier_now(self) -> None:
         raise NotImplementedError

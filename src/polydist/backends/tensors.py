@@ -9,7 +9,7 @@ import torch
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["unflatten", "byte_counts", "overlaps", "apart", "own_slot", "Contiguous", "bytes_of", "reduce_rows", "check_outputs"]
+__all__ = ["unflatten", "byte_counts", "overlaps", "apart", "own_slot", "Contiguous", "bytes_of", "reduce_rows"]
 
 
 def unflatten(flat: torch.Tensor, outs: list, by_bytes: bool = False) -> None:
@@ -120,11 +120,3 @@ def reduce_rows(rows: torch.Tensor, name: str, dtype: torch.dtype) -> torch.Tens
     if name == "MAX":
         return rows.amax(0)
     return functools.reduce(_BITWISE[name], rows)  # AND/OR/XOR
-
-
-def check_outputs(what: str, outs: list, inp: torch.Tensor, size: int) -> None:
-    """``outs`` must be one tensor per rank, each holding as many bytes as ``inp`` (``InvalidArgumentError`` naming them)."""
-    if len(outs) != size or any(o.nbytes != inp.nbytes for o in outs):
-        raise InvalidArgumentError(
-            f"{what}: need {size} tensors (one per rank) of {inp.nbytes} bytes each, got {[o.nbytes for o in outs]}"
-        )

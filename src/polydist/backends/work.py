@@ -1,4 +1,4 @@
-"""Work handles of polydist's Python backends (mpi4py, horovod) and the threads that complete them (internal).
+"""Work handles of polydist's Python backends (mpi4py, horovod, xla-tpu) and the threads that complete them (internal).
 
 Collectives of one communicator run in call order on that communicator's
 :class:`Lane`, a worker thread, as in PyTorch's own ``ProcessGroupMPI``: a

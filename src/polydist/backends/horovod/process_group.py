@@ -57,12 +57,10 @@ import functools
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from ...ops import check_op_dtype, resolve_op
-from ..python_group import NoPointToPoint, PythonProcessGroup, check_cpu, opt
+from ..python_group import NoPointToPoint, PythonProcessGroup, check_cpu
 from ..tensors import bytes_of, reduce_rows
-from ..work import LaneWork
 
 __all__ = ["HorovodProcessGroup", "BACKEND_NAME"]
 
@@ -170,32 +168,13 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
     def _reduce_plan(self, t: torch.Tensor, op: Any) -> tuple[str, str]:
         return _reduce_plan(t, op)
 
-    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> LaneWork:
-        return self.allreduce(tensors, opts)
-
-    def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
-        root = opt(opts, "rootRank", 0)
-        plans = self._plans(tensors, opt(opts, "reduceOp", dist.ReduceOp.SUM))
-
-        def body() -> None:
-            for t, plan in zip(tensors, plans):
-                c = t.clone(memory_format=torch.contiguous_format)  # non-root inputs stay untouched
-                self._reduce_now(c, plan)
-                if self._rank == root:
-                    t.copy_(c)
-
-        return self._run("reduce", body, tensors, opts, tensors)
-
     def _reduce_scatter_now(self, output: torch.Tensor, input: torch.Tensor, plan: tuple[str, str]) -> None:
         name, how = plan
-        size = self._size
-        if how == "native" and name in ("SUM", "AVG") and output.numel():
-            rows = input.reshape(size, -1).contiguous()
-            mine = hvd().reducescatter(rows, op=getattr(hvd(), _HVD_OPS[name]), **self._on("reducescatter"))
-        else:
-            whole = input.clone(memory_format=torch.contiguous_format)
-            self._reduce_now(whole, plan)
-            mine = whole.reshape(size, -1)[self._rank]
+        if how != "native" or name not in ("SUM", "AVG") or not output.numel():
+            super()._reduce_scatter_now(output, input, plan)  # the all-reduce of a copy
+            return
+        rows = input.reshape(self._size, -1).contiguous()
+        mine = hvd().reducescatter(rows, op=getattr(hvd(), _HVD_OPS[name]), **self._on("reducescatter"))
         output.copy_(mine.reshape(output.shape))
 
     # ------------------------------------------------------------ data movement: Horovod's collectives on bytes
@@ -219,12 +198,6 @@ class HorovodProcessGroup(NoPointToPoint, PythonProcessGroup):
         else:
             send = [dst.nbytes] * n
         self._alltoall_into(dst, src, send, [dst.nbytes], False)
-
-    def _alltoall_into(self, dst: torch.Tensor, src: torch.Tensor, send: list, recv: list, even: bool) -> None:
-        got = self._all_to_all_bytes(bytes_of(src), send)
-        if got.numel() != sum(recv):
-            raise ValueError(f"all_to_all: received {got.numel()} bytes, the outputs hold {sum(recv)}")
-        bytes_of(dst).copy_(got)
 
     def _barrier_now(self) -> None:
         hvd().barrier(**self._set)

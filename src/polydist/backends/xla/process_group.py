@@ -37,12 +37,10 @@ import functools
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.distributed as dist
 
-from ...errors import InvalidArgumentError
 from ...ops import check_op_dtype, resolve_op
 from ..python_group import NoPointToPoint, PythonProcessGroup, opt
-from ..tensors import byte_counts, bytes_of, check_outputs as _check_outputs, reduce_rows, unflatten
+from ..tensors import bytes_of, reduce_rows, unflatten
 from ..work import LaneWork
 
 __all__ = ["XlaProcessGroup", "BACKEND_NAME", "xm", "xla_device"]
@@ -130,113 +128,38 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
         rows = torch.stack([r.view(t.dtype) for r in self._rows(_bytes_of(t))])
         t.copy_(reduce_rows(rows, name, t.dtype).view(t.shape).to(t.device))
 
-    # ------------------------------------------------------------ reductions
+    # ------------------------------------------------------------ the transport the template calls
 
-    def allreduce(self, tensors: list, opts: Any = None) -> LaneWork:
-        names = [_checked(t, opt(opts, "reduceOp", dist.ReduceOp.SUM)) for t in tensors]
-
-        def body() -> None:
-            for t, name in zip(tensors, names):
-                self._reduce_now(t, name)
-
-        return self._run("all_reduce", body, tensors, opts, tensors)
-
-    allreduce_coalesced = allreduce
-
-    def reduce(self, tensors: list, opts: Any = None) -> LaneWork:
-        root = opt(opts, "rootRank", 0)
-        names = [_checked(t, opt(opts, "reduceOp", dist.ReduceOp.SUM)) for t in tensors]
-
-        def body() -> None:
-            for t, name in zip(tensors, names):
-                c = t.clone()  # the other ranks' inputs stay untouched
-                self._reduce_now(c, name)
-                if self._rank == root:
-                    t.copy_(c)
-
-        return self._run("reduce", body, tensors, opts, tensors)
+    def _bytes(self, t: torch.Tensor) -> torch.Tensor:
+        return _bytes_of(t)  # on the CPU: an XLA tensor's memory is not addressable
 
     def _reduce_plan(self, t: torch.Tensor, op: Any) -> str:
         return _checked(t, op)
 
-    def _reduce_scatter_now(self, output: torch.Tensor, input: torch.Tensor, name: str) -> None:
-        whole = input.clone()
-        self._reduce_now(whole, name)
-        output.copy_(whole.reshape(self._size, -1)[self._rank].reshape(output.shape))
-
-    # ------------------------------------------------------------ data movement
-
-    def broadcast(self, tensors: list, opts: Any = None) -> LaneWork:
-        root = opt(opts, "rootRank", 0)
-
-        def body() -> None:
-            for t in tensors:
-                if t.numel():
-                    work = t if t.device.type == "xla" else t.to(xla_device())
-                    xm().collective_broadcast([work], root_ordinal=root)
-                    if work is not t:
-                        t.copy_(work.to(t.device))
-
-        return self._run("broadcast", body, tensors, opts, tensors)
-
-    def _gathered(self, inp: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's ``inp`` (same shape everywhere) as a CPU byte row per rank."""
-        return self._rows(_bytes_of(inp))
+    def _broadcast_now(self, c: torch.Tensor, root: int) -> None:
+        if c.numel():
+            work = c if c.device.type == "xla" else c.to(xla_device())
+            xm().collective_broadcast([work], root_ordinal=root)
+            if work is not c:
+                c.copy_(work.to(c.device))
 
     def _allgather_into(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        unflatten(torch.cat(self._gathered(src)), [dst], by_bytes=True)
+        unflatten(torch.cat(self._rows(_bytes_of(src))), [dst], by_bytes=True)
 
-    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
-        """``output_lists[i][r]`` receives rank r's ``inputs[i]`` (torch's ``all_gather``)."""
-        for outs, inp in zip(output_lists, inputs):
-            _check_outputs("all_gather", outs, inp, self._size)
+    def _gather_into(self, dst: Any, src: torch.Tensor, root: int) -> None:
+        rows = self._rows(_bytes_of(src))  # every rank gathers, the root keeps
+        if dst is not None:
+            unflatten(torch.cat(rows), [dst], by_bytes=True)
 
-        def body() -> None:
-            for outs, inp in zip(output_lists, inputs):
-                unflatten(torch.cat(self._gathered(inp)), outs, by_bytes=True)
+    def _scatter_from(self, src: Any, dst: torch.Tensor, root: int) -> None:
+        sent = src if src is not None else torch.empty(0, dtype=torch.uint8)  # every rank gathers the root's buffer
+        mine = self._rows(sent)[root].reshape(self._size, -1)[self._rank]
+        unflatten(mine, [dst], by_bytes=True)
 
-        return self._run("all_gather", body, output_lists, opts, inputs)
-
-    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
-        """``output_lists[r][i]`` receives rank r's ``inputs[i]`` (torch's ``all_gather_coalesced``)."""
-        if len(output_lists) != self._size or any(len(outs) != len(inputs) for outs in output_lists):
-            raise InvalidArgumentError(f"all_gather_coalesced: need {self._size} output lists of {len(inputs)} tensors each")
-
-        def body() -> None:
-            flat = torch.cat([_bytes_of(t) for t in inputs]) if inputs else torch.empty(0, dtype=torch.uint8)
-            for row, outs in zip(self._rows(flat), output_lists):
-                unflatten(row, outs, by_bytes=True)
-
-        return self._run("all_gather_coalesced", body, output_lists, opts, inputs)
-
-    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> LaneWork:
-        here = self._rank == opt(opts, "rootRank", 0)
-        if here:
-            _check_outputs("gather", output_lists[0], inputs[0], self._size)
-
-        def body() -> None:
-            rows = self._gathered(inputs[0])
-            if here:
-                unflatten(torch.cat(rows), output_lists[0], by_bytes=True)
-
-        return self._run("gather", body, output_lists, opts, inputs)
-
-    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> LaneWork:
-        root = opt(opts, "rootRank", 0)
-        here = self._rank == root
-        if here:
-            _check_outputs("scatter", input_lists[0], outputs[0], self._size)
-
-        def body() -> None:
-            sent = torch.cat([_bytes_of(t) for t in input_lists[0]]) if here else torch.empty(0, dtype=torch.uint8)
-            mine = self._rows(sent)[root].reshape(self._size, -1)[self._rank]
-            unflatten(mine, outputs, by_bytes=True)
-
-        return self._run("scatter", body, outputs, opts, input_lists[0] if here else outputs)
-
-    def _all_to_all_bytes(self, flat: torch.Tensor, send: Sequence[int]) -> torch.Tensor:
-        """All-to-all of byte counts ``send[i]`` (to rank i) out of ``flat``: what came in, in rank order."""
-        counts = self._rows(torch.tensor(list(send), dtype=torch.int64).view(torch.uint8))
+    def _all_to_all_bytes(self, flat: torch.Tensor, splits: list[int]) -> torch.Tensor:
+        """Every rank's buffer and byte counts gathered; each rank keeps what the others sent it (torch_xla's
+        ``xm.all_to_all`` takes equal splits only)."""
+        counts = self._rows(torch.tensor(list(splits), dtype=torch.int64).view(torch.uint8))
         rows = self._rows(flat)
         me = self._rank
         got = []
@@ -246,42 +169,10 @@ class XlaProcessGroup(NoPointToPoint, PythonProcessGroup):
             got.append(row[start : start + split[me]])
         return torch.cat(got) if got else torch.empty(0, dtype=torch.uint8)
 
-    def all_to_all_single(
-        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: Sequence[int],
-        input_split_sizes: Sequence[int], opts: Any = None,
-    ) -> LaneWork:  # fmt: skip
-        size = self._size
-        send = byte_counts(input, input_split_sizes, size, "input")
-        recv = byte_counts(output, output_split_sizes, size, "output")
-
-        def body() -> None:
-            got = self._all_to_all_bytes(_bytes_of(input), send)
-            if got.numel() != sum(recv):
-                raise ValueError(f"all_to_all_single: received {got.numel()} bytes, the output split sizes say {sum(recv)}")
-            unflatten(got, [output], by_bytes=True)
-
-        return self._run("all_to_all", body, output, opts, [input])
-
-    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> LaneWork:
-        if len(inputs) != self._size or len(outputs) != self._size:
-            raise InvalidArgumentError(f"all_to_all: need {self._size} inputs and outputs, got {len(inputs)} and {len(outputs)}")
-
-        def body() -> None:
-            got = self._all_to_all_bytes(torch.cat([_bytes_of(t) for t in inputs]), [t.nbytes for t in inputs])
-            if got.numel() != sum(t.nbytes for t in outputs):
-                raise ValueError(f"all_to_all: received {got.numel()} bytes, the outputs hold {sum(t.nbytes for t in outputs)}")
-            unflatten(got, outputs, by_bytes=True)
-
-        return self._run("all_to_all", body, outputs, opts, inputs)
-
-    def barrier(self, opts: Any = None) -> LaneWork:
-        return self._run("barrier", lambda: xm().rendezvous("polydist.barrier"), None, opts, ())
+    def _barrier_now(self) -> None:
+        xm().rendezvous("polydist.barrier")
 
     # ------------------------------------------------------------ polydist's direct calls (blocking)
-
-    def allreduce_tensor(self, t: torch.Tensor, op: Any = "SUM") -> torch.Tensor:
-        self._reduce_now(t, _checked(t, op))
-        return t
 
     def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
         heads = self._rows(torch.frombuffer(bytearray(header), dtype=torch.uint8))
