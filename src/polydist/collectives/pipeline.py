@@ -78,7 +78,7 @@ class Collective:
             group's backend cannot take, before anything is sent; None: none.
     """
 
-    __slots__ = ("name", "body", "serial", "fingerprint", "root", "peer", "echo", "op_at", "check", "run")
+    __slots__ = ("name", "body", "serial", "fingerprint", "root", "peer", "echo", "op_at", "check")
 
     def __init__(
         self,
@@ -94,38 +94,20 @@ class Collective:
     ) -> None:
         self.name, self.body, self.serial, self.fingerprint = name, body, serial, fingerprint
         self.root, self.peer, self.echo, self.op_at, self.check = root, peer, echo, op_at, check
-        self.run = _pipeline(self)  # run(group, root, async_op, *args): the steps, in order
 
-    def _serial(self, args: tuple, root: Any) -> Any:
-        if self.serial is None:
-            raise ValueError(f"{self.root}={root!r}: point-to-point needs a process group; a serial run has no peer")
-        if self.root is not None:
-            if isinstance(root, bool) or not isinstance(root, int):
-                raise TypeError(f"{self.root} must be an int global rank, got {root!r}")
-            if root != 0:
-                raise ValueError(f"{self.root}={root} is not a rank of a serial (world size 1) run")
-        return self.serial(*args)
+    def run(self, group: GroupLike, root: Any, async_op: bool, *args: Any) -> Any:
+        """Run the call's steps, in order (see the module docstring), on ``group`` (None: the world).
 
-
-def _pipeline(spec: Collective) -> Callable[..., Any]:
-    """The function that runs ``spec``'s steps (see the module docstring).
-
-    A closure rather than a method: a small MPI all_reduce takes a few
-    microseconds, so the steps read the spec from local cells, and the common
-    case (``group=None``) takes the world's own resolved group.
-    """
-    name, body, fingerprint, root_name, peer, echo = (
-        spec.name, spec.body, spec.fingerprint, spec.root, spec.peer, spec.echo
-    )
-    rooted = root_name is not None  # some ranks may finish their part without waiting for the others
-    switch = settings.DEBUG_SWITCH
-    op_at, check = spec.op_at, spec.check
-    rec = recorder.RECORDER
-
-    def run(group: GroupLike, root: Any, async_op: bool, *args: Any) -> Any:
+        A method, so that a reader and a static walk follow the tensor from the public function to the
+        transport; the spec's fields are read once into locals (a small MPI all_reduce takes a few
+        microseconds).
+        """
+        name, body, fingerprint, root_name, echo = self.name, self.body, self.fingerprint, self.root, self.echo
+        rooted = root_name is not None  # some ranks may finish their part without waiting for the others
+        rec = recorder.RECORDER
         state = require_group()
         if state is None:
-            return done(spec._serial(args, root), async_op)
+            return done(self._serial(args, root), async_op)
         res = state.world_group if group is None else None
         if res is None:
             res = resolve(state, group)
@@ -134,10 +116,11 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
                 return done(args[0] if args and echo else None, async_op)
         if rooted:
             res.check_root(root, root_name)
-            if peer and root == res.rank:
+            if self.peer and root == res.rank:
                 raise ValueError(
                     f"{root_name}={root} is this process's own rank; a rank cannot send to or receive from itself"
                 )
+        check, op_at = self.check, self.op_at
         if check is not None:
             check(res, *args)
         op = args[op_at] if op_at is not None else None
@@ -158,7 +141,7 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
         record = rec.start(res, name, res.seq, op, root, args[0] if args else (), async_op) if rec.on else None
         outer, rec.outer = rec.outer, record
         try:
-            debug_on = switch.value
+            debug_on = settings.DEBUG_SWITCH.value
             if debug_on is None:
                 debug_on = settings.is_debug()  # reads $POLYDIST_DEBUG, once
             if debug_on:
@@ -184,7 +167,16 @@ def _pipeline(spec: Collective) -> Callable[..., Any]:
             return _recorded(rec, record, result, async_op)
         return result
 
-    return run
+
+    def _serial(self, args: tuple, root: Any) -> Any:
+        if self.serial is None:
+            raise ValueError(f"{self.root}={root!r}: point-to-point needs a process group; a serial run has no peer")
+        if self.root is not None:
+            if isinstance(root, bool) or not isinstance(root, int):
+                raise TypeError(f"{self.root} must be an int global rank, got {root!r}")
+            if root != 0:
+                raise ValueError(f"{self.root}={root} is not a rank of a serial (world size 1) run")
+        return self.serial(*args)
 
 
 def _recorded(rec: recorder.Recorder, record: list, result: Any, async_op: bool) -> Any:
