@@ -47,7 +47,9 @@ def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
 
 
 def create(group_kwargs: dict, info: ProcessInfo) -> Optional[timedelta]:
-    """Create the default group from :func:`group_kwargs`; return the collective timeout it applied."""
+    """Create the default group from :func:`polydist.rendezvous.group_kwargs`; return the collective timeout it
+    applied. Then the lifecycle of each backend whose rendezvous the ranks met by (or that gave them their ranks)
+    runs its :meth:`~polydist.backends.registry.Lifecycle.after_join`."""
     td = group_kwargs.pop("_collective_timeout", None)
     at = group_kwargs.pop("_store", None)
     if at is not None:

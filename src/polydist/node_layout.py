@@ -48,4 +48,6 @@ def layout_from_hostnames() -> Layout:
 
 
 def single_node_guess() -> Layout:
+    """One node holding every rank: the stand-in layout of an adopted group whose launcher exported none, until
+    the ranks learn the real one (``initialize`` on the adopted group gathers host names)."""
     return Layout(local_rank=dist.get_rank(), nproc_per_node=dist.get_world_size(), nnodes=1, node_rank=0)
