@@ -29,7 +29,7 @@ from .direct import DirectProcessGroup
 __all__ = [
     "Backend", "Lifecycle", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
     "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS",
-    "adopt_any", "registrar", "resolve_once_registered", "resolve", "resolved_name",
+    "adopt_any", "registrar", "Installable", "resolve", "resolved_name",
 ]
 
 # How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
@@ -335,19 +335,24 @@ def registrar(name: str, available: Callable[[], bool], create: Callable, scheme
     return register
 
 
-def resolve_once_registered(name: str, register: Callable[[], bool], missing: str) -> Callable[[str], str]:
-    """A :meth:`Lifecycle.resolve` for a backend that needs a package: ``name`` once ``register()`` succeeds, else
-    ``ValueError`` naming the backend asked for, ``missing`` (what is not installed) and, in ignite's words, the
-    backends there are."""
+class Installable(Lifecycle):
+    """The lifecycle of a backend written in Python that needs a package (Horovod, torch_xla): registered by
+    ``register`` (a :func:`registrar`) where the package is installed; a name resolves to ``name`` once it is
+    registered, else ``ValueError`` naming the backend asked for, ``missing`` (what is not installed) and, in
+    ignite's words, the backends there are."""
 
-    def resolve(asked: str) -> str:
-        if not register():
+    def __init__(self, name: str, register: Callable[[], bool], missing: str) -> None:
+        self._name, self._register, self._missing = name, register, missing
+
+    def register(self) -> bool:
+        return self._register()
+
+    def resolve(self, name: str) -> str:
+        if not self._register():
             raise ValueError(
-                f"Unknown backend {asked!r}: {missing}. Backend should be one of {', '.join(available_names())}"
+                f"Unknown backend {name!r}: {self._missing}. Backend should be one of {', '.join(available_names())}"
             )
-        return name
-
-    return resolve
+        return self._name
 
 
 def rendezvous_for(entry: Backend, info: Any) -> Optional[Backend]:

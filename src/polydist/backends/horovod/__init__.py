@@ -81,22 +81,11 @@ register = registry.registrar(BACKEND_NAME, available, _create, "horovod", job.r
 """Register backend ``"horovod"`` and the ``horovod://`` init method; False when Horovod is not installed."""
 
 
-_resolve = registry.resolve_once_registered(
-    BACKEND_NAME, register, "Horovod is not installed (make horovod builds it)"
-)
-
-
-class _HorovodLifecycle(registry.Lifecycle):
+class _HorovodLifecycle(registry.Installable):
     """horovodrun (or ``horovod.run``) starts the ranks; they meet over ``horovod://``; Horovod's own wrappers."""
 
     init_url = "horovod://"
     starts_processes = True
-
-    def register(self) -> bool:
-        return register()
-
-    def resolve(self, name: str) -> str:
-        return _resolve(name)
 
     def check_join(self, info: ProcessInfo, name: str) -> None:
         """Raise ``ValueError`` in ranks another launcher started: Horovod would see a world of one there."""
@@ -136,7 +125,7 @@ class _HorovodLifecycle(registry.Lifecycle):
 # registers, only with dynamic process sets; idist's "horovod-dist".
 HOROVOD = registry.declare(registry.Backend(
     BACKEND_NAME, no_subgroups=no_subgroups, point_to_point=False, mover=registry.DIRECT, model_name="horovod-dist",
-    lifecycle=_HorovodLifecycle(), torch_devices=("cpu",),
+    lifecycle=_HorovodLifecycle(BACKEND_NAME, register, "Horovod is not installed (make horovod builds it)"), torch_devices=("cpu",),
     reductions=ops.Reductions(
         BACKEND_NAME, registry.MPI_DTYPES,
         refused={"MIN": registry.UNSIGNED_WIDE, "MAX": registry.UNSIGNED_WIDE},

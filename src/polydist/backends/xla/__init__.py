@@ -170,24 +170,16 @@ register = registry.registrar(BACKEND_NAME, available, _create, "xla-tpu", rende
 """Register backend ``"xla-tpu"`` and the ``xla-tpu://`` init method; False when torch_xla is not installed."""
 
 
-_resolve = registry.resolve_once_registered(
-    BACKEND_NAME, register, "torch_xla is not installed (make test-xla makes a venv with it)"
-)
+_MISSING = "torch_xla is not installed (make test-xla makes a venv with it)"
 
 
-class _XlaLifecycle(registry.Lifecycle):
+class _XlaLifecycle(registry.Installable):
     """torch_xla's runtime starts, numbers and connects the processes; idist's optimizer step and loader."""
 
     init_url = URL
     starts_processes = True
     training_at_every_size = True
     pin_memory_refused = training.PIN_MEMORY_REFUSED
-
-    def register(self) -> bool:
-        return register()
-
-    def resolve(self, name: str) -> str:
-        return _resolve(name)
 
     def launch_advice(self, info: ProcessInfo, who: str) -> Optional[str]:
         return (f"torch_xla's runtime, not {who}, starts and numbers XLA processes, so each process {who} started "
@@ -221,12 +213,12 @@ class _XlaSpelling(_XlaLifecycle):
 # xm.all_reduce's numeric types (not uint16/32/64); AND/OR/XOR, bool and complex gathered and reduced on every rank (process_group.py).
 XLA = registry.declare(registry.Backend(
     BACKEND_NAME, mover=registry.DIRECT, no_subgroups=no_subgroups, point_to_point=False, model_name="xla-dist",
-    lifecycle=_XlaLifecycle(), torch_devices=("cpu", "xla"),
+    lifecycle=_XlaLifecycle(BACKEND_NAME, register, _MISSING), torch_devices=("cpu", "xla"),
     reductions=ops.Reductions(
         BACKEND_NAME, registry.MPI_DTYPES - registry.UNSIGNED_WIDE,
         source="polydist's xla-tpu group (backends/xla/process_group.py): xm.all_reduce's types",
     ),
 ))
-registry.declare(dataclasses.replace(XLA, name="xla", reductions=None, listed=False, lifecycle=_XlaSpelling()))
+registry.declare(dataclasses.replace(XLA, name="xla", reductions=None, listed=False, lifecycle=_XlaSpelling(BACKEND_NAME, register, _MISSING)))
 
 __all__ += ["xla_device", "no_subgroups", "URL", "XLA"]
