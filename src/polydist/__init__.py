@@ -24,7 +24,7 @@ from .errors import InvalidArgumentError, InvalidGroupError, WorkerFailedError, 
 from .groups import NON_MEMBER as NON_GROUP_MEMBER, new_group
 from .helpers import one_rank_first, one_rank_only
 from .launch import Parallel, spawn
-from .environment import restart_count
+from .launch.environment import restart_count
 from .checkpoint import Checkpointer
 from .settings import is_debug, set_allow_pickle, set_debug
 from .collectives.recorder import set_trace
@@ -34,9 +34,9 @@ from .training import DistributedProxySampler, auto_dataloader, auto_model, auto
 
 __version__ = "0.1.0"
 
+_wiring.wire()  # the hooks the layers run for each other (trace dumps, the comms profile, the launcher's world)
 # mpi4py (and mpi:// ; MPI itself starts on first use) and, where Horovod is installed, horovod (and horovod://)
 _registry.register_all()
-_wiring.wire()  # the hooks the layers run for each other (trace dumps, the comms profile, debug at finalize)
 
 # Spelled out, by topic, for type checkers and linters (py.typed).
 __all__ = [

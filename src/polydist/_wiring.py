@@ -1,7 +1,7 @@
 """Where polydist's layers are connected: every hook one module runs for another, in one place.
 
 The lower layers (:mod:`polydist.context`, :mod:`polydist.collectives`, the
-MPI job) cannot import what builds on them (the flight recorder's dump, the
+backends, the MPI job) cannot import what builds on them (the flight recorder's dump, the
 comms profile), so they expose hook lists, and :func:`wire` fills them. It is
 called once, by ``polydist/__init__.py``: importing any other module fills
 nothing by itself, and what runs when, and in what order, is read here.
@@ -10,8 +10,10 @@ nothing by itself, and what runs when, and in what order, is read here.
 from __future__ import annotations
 
 from . import context
+from .backends import registry
 from .backends.mpi4py import job as mpi_job
 from .collectives import debug, timeouts
+from .launch import announced, environment
 from .trace import dump, profile
 
 __all__ = ["wire"]
@@ -25,6 +27,8 @@ def wire() -> None:
     if _wired:
         return
     _wired = True
+    # a backend that torch starts by itself (the mpi stand-in) checks the launcher's world: launch/ answers
+    registry.world = registry.World(environment.launcher, announced.check_group, announced.refuse)
     # whenever a world is made or adopted, from any thread: SIGUSR1 (and a launcher's SIGTERM) dump
     context.on_world_made.append(dump.install_signal_handlers)
     # at the end of initialize(), where every rank is: polydist run --profile-comms

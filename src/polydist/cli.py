@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 def _info() -> int:
     from dataclasses import fields
 
-    from .environment import detect
+    from .launch.environment import detect
 
     try:
         info = detect()

@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 from . import _at_exit, _torch, default_group, rendezvous, settings
 from ._state import Layout, World
-from .announced import check_group
-from .environment import ProcessInfo, detect, launcher
+from .launch.announced import check_group
+from .launch.environment import ProcessInfo, detect, launcher
 from .backends import registry
 from .errors import NotInitializedError, WorldMismatchError
 from .node_layout import layout_from_env, layout_from_hostnames, single_node_guess

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from . import _torch
 from .backends import registry
-from .environment import ProcessInfo
+from .launch.environment import ProcessInfo
 from .rendezvous import JOIN_TIMEOUT_FLOOR
 
 __all__ = ["create"]

@@ -12,7 +12,7 @@ from . import _torch
 from ._hosts import HOST_BYTES, host_names, host_row
 from ._state import Layout
 from .backends import registry
-from .environment import ProcessInfo
+from .launch.environment import ProcessInfo
 
 __all__ = ["layout_from_env", "layout_from_hostnames", "single_node_guess"]
 

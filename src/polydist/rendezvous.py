@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from . import _torch, settings
 from .backends import registry
-from .environment import ProcessInfo, restart_count
+from .launch.environment import ProcessInfo, restart_count
 
 __all__ = ["Timeout", "as_timedelta", "group_kwargs", "JOIN_TIMEOUT_FLOOR", "SINGLE_NODE_PORT"]
 

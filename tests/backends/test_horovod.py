@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 import polydist as pd
 from _world import horovodrun
-from polydist import environment, rendezvous
+from polydist import rendezvous
+from polydist.launch import environment
 from polydist.ops import check_op_dtype
 
 pytestmark = [

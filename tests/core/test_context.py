@@ -142,7 +142,7 @@ def test_multinode_gloo_warns_when_the_host_name_is_loopback(monkeypatch):
     import warnings
 
     from polydist import default_group
-    from polydist.environment import ProcessInfo
+    from polydist.launch.environment import ProcessInfo
 
     real = socket.gethostbyname
     monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1" if name == socket.gethostname() else real(name))
@@ -263,7 +263,7 @@ def test_env_init_without_master_defaults_to_loopback_15000(init_method, launche
     """idist's setup_env_vars: env:// without MASTER_ADDR/MASTER_PORT means 127.0.0.1:15000 on one node, as None
     does for launched ranks; env:// with explicit rank/world_size too (idist exports them). Nothing is created."""
     from polydist import rendezvous
-    from polydist.environment import ProcessInfo
+    from polydist.launch.environment import ProcessInfo
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)
@@ -281,7 +281,7 @@ def test_env_init_without_master_defaults_to_loopback_15000(init_method, launche
 
 def test_env_init_with_master_is_torchs(monkeypatch):
     from polydist import rendezvous
-    from polydist.environment import ProcessInfo
+    from polydist.launch.environment import ProcessInfo
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29511")

@@ -1,4 +1,4 @@
-"""The world a launcher announces is the world you get (polydist/announced.py, environment.mpi_job).
+"""The world a launcher announces is the world you get (polydist/launch/announced.py, the MPI backend's mpi_job and join check).
 
 The stand-in's ``is_mpi_available()`` follows the launcher; a group of another
 size or rank than the launcher announced raises ``WorldMismatchError`` at
@@ -16,9 +16,13 @@ import textwrap
 import pytest
 
 from launch.test_environment import HOROVOD, HYDRA, KUBEFLOW, OPENMPI, TORCHRUN, clean_env, srun  # noqa: F401
-from polydist import WorldMismatchError, environment
-from polydist.announced import check_group, check_mpi_can_join
-from polydist.environment import detect
+from polydist import WorldMismatchError
+from polydist.backends import registry
+from polydist.backends.mpi4py.job import mpi_job
+from polydist.launch.announced import check_group
+from polydist.launch.environment import detect
+
+check_mpi_can_join = registry.get("mpi4py").lifecycle.check_join  # the MPI lifecycle's check before joining
 
 SERIAL_TORCHRUN = {**TORCHRUN, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                    "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"}
@@ -38,7 +42,7 @@ def mpi_not_started(monkeypatch):
     ({**HYDRA, "PMI_RANK": "0", "PMI_SIZE": "1", **TORCHRUN}, False),  # torchrun under mpiexec: its workers are not MPI's ranks
 ])
 def test_mpi_job_is_decided_by_the_launcher(env, expected, mpi_not_started):
-    assert environment.mpi_job(detect(env)) is expected
+    assert mpi_job(detect(env)) is expected
 
 
 def test_mpi_job_when_the_program_started_mpi(monkeypatch):
@@ -46,7 +50,7 @@ def test_mpi_job_when_the_program_started_mpi(monkeypatch):
         Is_initialized, Is_finalized = staticmethod(lambda: True), staticmethod(lambda: False)
 
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", Started)
-    assert environment.mpi_job(detect({})) and environment.mpi_job(detect(TORCHRUN))
+    assert mpi_job(detect({})) and mpi_job(detect(TORCHRUN))
 
 
 @pytest.mark.parametrize("env, backend, group, words", [

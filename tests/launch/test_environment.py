@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from polydist import cli, environment
+from polydist import cli
+from polydist.launch import environment
 from polydist.launch import _launchers
-from polydist.environment import ProcessInfo, detect, expand_nodelist, slurm_port
+from polydist.launch.environment import ProcessInfo, detect, expand_nodelist, slurm_port
 from _world import mpi_flavor, mpi_job_env
 
 BIN = os.path.dirname(sys.executable)
@@ -323,9 +324,9 @@ def test_contradictions_name_the_variables(env, named):
 PROBE = """
 import dataclasses, importlib, json, os, sys, types
 package = types.ModuleType("polydist")  # the package without its __init__, which imports torch
-package.__path__ = [os.path.dirname(sys.argv[1])]
+package.__path__ = [os.path.dirname(os.path.dirname(sys.argv[1]))]
 sys.modules["polydist"] = package
-module = importlib.import_module("polydist.environment")
+module = importlib.import_module("polydist.launch.environment")
 with open(os.path.join(sys.argv[2], f"{os.getpid()}.json"), "w") as f:  # a file each: launchers mix stdout lines
     json.dump(dataclasses.asdict(module.detect()), f)
 """
@@ -364,7 +365,7 @@ def _launcher(name):
 @pytest.mark.timeout(120)
 def test_real_mpiexec(clean_env, probe):
     """MPICH's or Intel MPI's Hydra (PMI_*, I_MPI_*), or Open MPI (OMPI_COMM_WORLD_*, PMIX_*), as make test-* installs."""
-    code = ("import dataclasses, json, os, sys; from polydist.environment import detect; "  # as users import it
+    code = ("import dataclasses, json, os, sys; from polydist.launch.environment import detect; "  # as users import it
             "json.dump(dataclasses.asdict(detect()), open(os.path.join(sys.argv[1], f'{os.getpid()}.json'), 'w'))")
     records = _records([_launcher("mpiexec"), "-n", "2", sys.executable, "-c", code, probe[-1]], clean_env, 2)
     assert mpi_flavor() in ("mpich", "openmpi", "intelmpi")

@@ -12,7 +12,7 @@ import pytest
 import polydist as pd
 from polydist import cli
 from polydist.launch import elastic
-from polydist.environment import restart_count
+from polydist.launch.environment import restart_count
 from polydist.launch.restarts import rerun
 
 from conftest import _mpi_missing

@@ -18,7 +18,7 @@ import polydist
 from polydist import ops
 from polydist.backends import registry
 from polydist.collectives import reduce
-from polydist.environment import ProcessInfo
+from polydist.launch.environment import ProcessInfo
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -29,7 +29,7 @@ from .direct import DirectProcessGroup
 __all__ = [
     "Backend", "Lifecycle", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
     "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS",
-    "adopt_any", "registrar", "Installable", "resolve", "resolved_name",
+    "adopt_any", "registrar", "Installable", "resolve", "resolved_name", "World", "world",
 ]
 
 # How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
@@ -415,6 +415,28 @@ def available_names() -> tuple[str, ...]:
     builtin = {e.name for e in _ENTRIES.values() if e.builtin}
     listed.extend(b for b in dist.Backend.backend_list if b not in builtin and b not in listed)
     return tuple(listed)
+
+
+# ---------------------------------------------------------------- the launcher's world, as a backend asks it
+
+
+@dataclass(frozen=True)
+class World:
+    """The world this process's launcher announced, for a backend that torch starts with no polydist code in
+    between (the ``mpi`` stand-in's ``init_process_group("mpi")``), which must refuse a world of its own.
+
+    ``launch/`` starts processes through the backends' lifecycles, so it sits above ``backends/``; a backend
+    asks it through :data:`world` instead of importing it. :mod:`polydist._wiring` sets :data:`world` when
+    polydist is imported, to :func:`polydist.launch.environment.launcher` and
+    :mod:`polydist.launch.announced`'s checks; the core passes lifecycles what it read (``info``) itself.
+    """
+
+    announced: Callable[[], Any]  #: () -> ProcessInfo: what the launcher said (serial when its variables are bad)
+    check_group: Callable[[Any, str, int, int], None]  #: (info, backend, rank, size): raise if not that world
+    refuse: Callable[[Any, str, str], None]  #: (info, backend, outcome): raise before joining, saying ``outcome``
+
+
+world: World  # set by polydist._wiring.wire()
 
 
 # ---------------------------------------------------------------- torch's own backends

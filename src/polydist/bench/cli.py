@@ -41,7 +41,7 @@ reference, not a strict bound: ranks on several cores can share the work. At
 small S the ceiling measures NumPy's call overhead, not memory.
 
 Launching. Inside a job (``polydist run``, torchrun, mpiexec, srun: whatever
-:func:`polydist.environment.detect` recognises; or an existing process group;
+:func:`polydist.launch.environment.detect` recognises; or an existing process group;
 or ``--no-launch``) the current ranks measure the job's backend and rank 0
 prints and writes. Otherwise the command starts ``--nproc`` ranks for each
 backend in turn: ``mpi`` (and ``mpi4py``) as ``mpiexec -n N python -m
@@ -72,7 +72,7 @@ import torch.distributed as dist
 
 from .. import context
 from ..backends import registry
-from ..environment import detect
+from ..launch.environment import detect
 from ..errors import WorkerFailedError
 from ..launch import mpiexec, spawn
 from .calls import make_calls

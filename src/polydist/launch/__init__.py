@@ -6,7 +6,7 @@ run on :mod:`~polydist.launch.elastic`, PyTorch's elastic agent;
 launcher; :mod:`~polydist.launch.worker` is the entry point of every worker
 process and :mod:`~polydist.launch.process_setup` what runs in it for the
 launcher. Which launcher started *this* process is read by
-:mod:`polydist.environment` through :mod:`~polydist.launch._launchers` (each
+:mod:`~polydist.launch.environment` through :mod:`~polydist.launch._launchers` (each
 launcher's variables) and :mod:`~polydist.launch._slurm` (Slurm's node lists).
 """
 

@@ -3,7 +3,7 @@
 One reader per launcher (torch's elastic agent, Horovod, Open MPI, MVAPICH,
 any PMI or PMIx process manager, srun, Kubeflow's training operator, a bare
 ``RANK``/``WORLD_SIZE``), listed in :data:`READERS` innermost first with the
-variables that mark each. :func:`polydist.environment.detect` checks, merges
+variables that mark each. :func:`polydist.launch.environment.detect` checks, merges
 and resolves the claims; its module docstring says how. Never imports torch
 (a launcher's probe imports this package without its ``__init__``).
 """
@@ -236,7 +236,7 @@ _NAMES = {
 
 
 def who(info: Any) -> str:
-    """The launcher of ``info`` (a :class:`polydist.environment.ProcessInfo`), in words: "torchrun",
+    """The launcher of ``info`` (a :class:`polydist.launch.environment.ProcessInfo`), in words: "torchrun",
     "MPICH's mpiexec", "srun", ..."""
     if info.launcher == "mpi":
         return _MPI_NAMES.get(info.mpi_flavor or "", "an MPI launcher")

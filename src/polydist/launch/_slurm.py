@@ -2,7 +2,7 @@
 
 Its one job is the hostlist grammar: names with bracketed, zero-padded ranges
 that may multiply (``"r[1-2]n[1-2]"``), as Slurm writes SLURM_JOB_NODELIST
-and its kin. :mod:`polydist.environment` takes rank 0's host from it (the
+and its kin. :mod:`polydist.launch.environment` takes rank 0's host from it (the
 first name, found without expanding the ranges) and re-exports
 :func:`expand_nodelist`, where users import it from.
 """

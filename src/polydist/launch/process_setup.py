@@ -23,7 +23,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
 from .. import _torch
-from ..environment import detect
+from .environment import detect
 from ..settings import FAILURE_DIR
 from ..trace.dump import failed
 

@@ -5,7 +5,7 @@ workers itself and tells them the count in ``TORCHELASTIC_RESTART_COUNT``.
 ``mpiexec`` has no restart: ``polydist run --backend mpi --max-restarts N``
 runs the whole MPI job again (:func:`rerun`), counting in
 ``$POLYDIST_RESTART_COUNT``. Workers read either with
-:func:`polydist.environment.restart_count`.
+:func:`polydist.launch.environment.restart_count`.
 """
 
 from __future__ import annotations

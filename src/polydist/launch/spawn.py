@@ -130,7 +130,7 @@ def spawn(
                              "(its own launcher starts them)")
         work = functools.partial(_joined, fn, tuple(args), dict(kwargs_dict or {}), backend, init)
         return lifecycle.start_processes(work, nproc_per_node, nnodes)
-    if lifecycle.needs_launcher is not None and (nproc_per_node, nnodes) != (1, 1):  # polydist/announced.py's rule
+    if lifecycle.needs_launcher is not None and (nproc_per_node, nnodes) != (1, 1):  # launch/announced.py's rule
         raise ValueError(
             f"spawn with backend {backend!r}: MPI sees only the ranks an MPI launcher starts, and spawn's "
             "processes would each be a world of one; run the script under mpiexec -n N (or polydist run "

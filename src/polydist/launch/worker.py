@@ -20,7 +20,7 @@ import traceback
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..backends.mpi4py import job as mpi_job
-from ..environment import detect
+from .environment import detect
 from .. import settings
 from .process_setup import die_with_parent, mark_done, pids, prefix_output, record_pid, worker_errors, worker_setup
 from ..trace.dump import ignore_exit_notices, install_signal_handlers, peers_dump

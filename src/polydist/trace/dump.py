@@ -34,6 +34,7 @@ import traceback
 from typing import Optional
 
 from .. import _torch, context, settings
+from ..backends import registry
 from ..collectives.recorder import RECORDER, as_dict
 from ..errors import WorldMismatchError
 
@@ -80,13 +81,8 @@ def _who() -> dict:
         except (RuntimeError, ValueError):  # the group is being destroyed
             backend = None
         return dict(rank=state.rank, world_size=state.size, local_rank=state.layout.local_rank, backend=backend)
-    try:
-        from ..environment import detect
-
-        info = detect()
-        return dict(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank, backend=None)
-    except Exception:  # contradicting launcher variables: a dump must still be written
-        return dict(rank=int(os.environ.get("RANK", 0)), world_size=None, local_rank=None, backend=None)
+    info = registry.world.announced()  # never raises: contradicting variables read as serial, and a dump is written
+    return dict(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank, backend=None)
 
 
 def _stacks() -> list:

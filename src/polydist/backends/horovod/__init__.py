@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 
 from ... import ops
-from ...environment import ProcessInfo
 from .. import registry
 from . import job
 from .process_group import BACKEND_NAME, HorovodProcessGroup, hvd
@@ -87,7 +86,7 @@ class _HorovodLifecycle(registry.Installable):
     init_url = "horovod://"
     starts_processes = True
 
-    def check_join(self, info: ProcessInfo, name: str) -> None:
+    def check_join(self, info: Any, name: str) -> None:
         """Raise ``ValueError`` in ranks another launcher started: Horovod would see a world of one there."""
         if info.is_distributed and info.launcher != "horovod":
             raise ValueError(
@@ -96,7 +95,7 @@ class _HorovodLifecycle(registry.Installable):
                 "join: launch with horovodrun -np N python script.py"
             )
 
-    def launch_advice(self, info: ProcessInfo, who: str) -> Optional[str]:
+    def launch_advice(self, info: Any, who: str) -> Optional[str]:
         if info.launcher == "horovod":
             return None
         return (f"Horovod sees only the ranks horovodrun started (horovodrun -np {info.world_size} python SCRIPT); "

@@ -22,8 +22,6 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 from ... import ops, settings
-from ...announced import check_group, check_mpi_can_join
-from ...environment import ProcessInfo, launcher, mpi_job
 from .. import registry
 from ..watchdog import WATCHDOG
 from . import _mpi, job
@@ -74,12 +72,12 @@ class _TorchMPI:
     @staticmethod
     def create(ranks: Any = None) -> Optional[MPIProcessGroup]:
         ranks = list(ranks or [])
-        info = launcher()
+        info = registry.world.announced()
         if not ranks:
-            check_mpi_can_join(info, "mpi")
+            _check_mpi_can_join(info, "mpi")
         world = _mpi.mpi().COMM_WORLD
         if not ranks:
-            check_group(info, "mpi", world.Get_rank(), world.Get_size())
+            registry.world.check_group(info, "mpi", world.Get_rank(), world.Get_size())
         if ranks and world.Get_rank() not in ranks:
             return None
         comm = _communicator(ranks)
@@ -89,6 +87,21 @@ class _TorchMPI:
         group = MPIProcessGroup(comm, comm.Get_rank(), comm.Get_size(), backend="mpi")
         group._configure(ranks, timeout)
         return group
+
+
+def _check_mpi_can_join(info: Any, backend: str) -> None:
+    """Before MPI starts: raise if MPI would make this process a world of its own in a world the launcher announced.
+
+    MPI sees only the ranks an MPI process manager started; under another
+    launcher that announced several processes (torchrun, Slurm without
+    ``--mpi``, Kubeflow, horovodrun) each process would start as MPI's
+    rank 0 of 1. A launcher polydist cannot name ("env": ``RANK`` and
+    ``WORLD_SIZE`` alone) might be an MPI that polydist does not know: its
+    group is checked once made.
+    """
+    if info.is_distributed and info.mpi_flavor is None and info.launcher_named and not job.mpi_initialized():
+        registry.world.refuse(info, backend, f"an {backend} group here would have 1 process (MPI sees no MPI "
+                                             "launcher, so each process would be a world of its own)")
 
 
 def _torch_timeout(frame: Any) -> Optional[timedelta]:
@@ -113,13 +126,13 @@ def is_mpi_available() -> bool:
 
     That is, when an MPI launcher (MPICH's Hydra, Open MPI, Intel MPI,
     ``srun --mpi=pmi2/pmix``) started this process or the program already
-    initialized MPI (:func:`polydist.environment.mpi_job` decides). Elsewhere
+    initialized MPI (:func:`~polydist.backends.mpi4py.job.mpi_job` decides). Elsewhere
     False, as on a stock wheel: frameworks that prefer MPI when it is
     available (Accelerate's multi-CPU path) then pick gloo, as they would
     without polydist, instead of an MPI that would make each torchrun worker
     a world of its own.
     """
-    return mpi_job()
+    return job.mpi_job()
 
 
 def provide_torch_mpi() -> bool:
@@ -188,7 +201,7 @@ class _MpiJob(registry.Lifecycle):
     def after_join(self) -> None:
         job.install_abort_hook()  # MPI collectives have no timeout: a rank that dies must end the job
 
-    def launch_advice(self, info: ProcessInfo, who: str) -> Optional[str]:
+    def launch_advice(self, info: Any, who: str) -> Optional[str]:
         if info.mpi_flavor is not None:
             return None
         return (f"the MPI backend needs an MPI launcher such as mpiexec (mpiexec -n {info.world_size} python "
@@ -233,10 +246,10 @@ class _Mpi4pyLifecycle(_MpiJob):
     def register(self) -> bool:
         return register()
 
-    def check_join(self, info: ProcessInfo, name: str) -> None:
-        check_mpi_can_join(info, name)
+    def check_join(self, info: Any, name: str) -> None:
+        _check_mpi_can_join(info, name)
 
-    def hosts_rendezvous(self, info: ProcessInfo) -> bool:
+    def hosts_rendezvous(self, info: Any) -> bool:
         """In an MPI job (also srun --mpi) without MASTER_ADDR, every backend's ranks meet over ``mpi://``."""
         return info.mpi_flavor is not None and not info.master_addr and register()
 

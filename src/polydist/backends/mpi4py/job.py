@@ -5,6 +5,7 @@ without MASTER_ADDR/MASTER_PORT: rank and world size come from
 ``COMM_WORLD``, and rank 0's TCP store port travels over MPI. MPI collectives
 have no timeout, so :func:`install_abort_hook` turns an uncaught exception on
 one rank into ``MPI_Abort`` of the whole job instead of a hang.
+:func:`mpi_job` decides whether this process is a rank of an MPI job at all.
 """
 
 from __future__ import annotations
@@ -14,15 +15,44 @@ import sys
 import time
 import traceback
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
 from ...settings import FAILURE_DIR
+from .. import registry
 from ..store import check_requested, serve_store
 from . import _mpi
 
-__all__ = ["rendezvous", "world_store", "install_abort_hook", "fail", "record_failure", "abort"]
+__all__ = ["mpi_initialized", "mpi_job", "rendezvous", "world_store", "install_abort_hook", "fail", "record_failure",
+           "abort"]
+
+
+def mpi_initialized() -> bool:
+    """Whether this program has already started MPI (imported ``mpi4py.MPI``, which calls ``MPI_Init``) and not ended it.
+
+    Looks at ``sys.modules`` only, so it never starts MPI itself.
+    """
+    module = sys.modules.get("mpi4py.MPI")
+    return module is not None and module.Is_initialized() and not module.Is_finalized()
+
+
+def mpi_job(info: Optional[Any] = None) -> bool:
+    """Whether this process is a rank of an MPI job: the one place that decides it.
+
+    True when an MPI process manager started this process as one of its ranks
+    (``info.mpi_flavor``: MPICH's Hydra, Open MPI, Intel MPI, MVAPICH,
+    ``srun --mpi=pmi2/pmix``) or the program already initialized MPI; False
+    under any other launcher (torchrun's workers inherit the variables of an
+    ``mpiexec`` that started torchrun, but are not its ranks) and in a plain
+    ``python`` process. ``info``: what the launcher announced (a
+    :class:`polydist.launch.environment.ProcessInfo`; None: ask
+    :data:`registry.world <polydist.backends.registry.world>`). polydist's
+    ``mpi`` stand-in answers ``torch.distributed.is_mpi_available()`` with
+    it, so a framework that prefers MPI when it is available (Accelerate's
+    multi-CPU path) picks it only where MPI can see the job's ranks.
+    """
+    return (info or registry.world.announced()).mpi_flavor is not None or mpi_initialized()
 
 
 def rendezvous(url: str, timeout: timedelta = timedelta(minutes=10), **kwargs: Any) -> Iterator[tuple]:

@@ -24,7 +24,6 @@ from typing import Any, Callable, Iterator, Optional
 import torch.distributed as dist
 
 from ... import ops
-from ...environment import ProcessInfo
 from .. import registry
 from ..store import check_requested
 from . import training
@@ -181,7 +180,7 @@ class _XlaLifecycle(registry.Installable):
     training_at_every_size = True
     pin_memory_refused = training.PIN_MEMORY_REFUSED
 
-    def launch_advice(self, info: ProcessInfo, who: str) -> Optional[str]:
+    def launch_advice(self, info: Any, who: str) -> Optional[str]:
         return (f"torch_xla's runtime, not {who}, starts and numbers XLA processes, so each process {who} started "
                 f"is a world of its own here: start them with polydist.spawn({BACKEND_NAME!r}, fn, "
                 "nproc_per_node=N) (torch_xla's xmp.spawn) or torch_xla.launch, or use gloo (nccl on GPUs)")

@@ -1,15 +1,18 @@
 """The world a launcher announced is the world you get: the check that a process group matches it.
 
 A launcher that started several processes announced each one's rank and the
-world size (:func:`polydist.environment.detect`). A process group with
+world size (:func:`polydist.launch.environment.detect`). A process group with
 another size or rank — MPI's world of one under torchrun, Horovod's under
 Slurm, a group made with the wrong ``rank``/``world_size`` — would run
 unrelated serial copies of the job, or mix ranks up, without an error.
 :func:`check_group` raises :class:`~polydist.errors.WorldMismatchError`
 instead, naming both figures, who said each, and what to do; it is called
 by :func:`polydist.initialize`, on adopting a group the program or a
-framework made, and by the ``mpi`` stand-in. :func:`check_mpi_can_join`
-raises it before MPI starts, where MPI cannot see the announced world.
+framework made, and by the ``mpi`` stand-in; :func:`refuse` raises it where
+a backend knows before joining that its group would not be that world (MPI
+under a launcher that is not MPI's). Backends sit below ``launch/``, so they
+reach both through :data:`polydist.backends.registry.world`, which
+:mod:`polydist._wiring` points here.
 
 An announced world of one (``python script.py``, ``torchrun
 --nproc-per-node 1``, ``srun -n 1``) is never checked: such a process may
@@ -18,12 +21,12 @@ start a world of its own (``torch.multiprocessing.spawn``).
 
 from __future__ import annotations
 
-from .launch._launchers import UNNAMED, who
-from .backends import registry
-from .environment import ProcessInfo, mpi_initialized
-from .errors import WorldMismatchError
+from ..backends import registry
+from ..errors import WorldMismatchError
+from ._launchers import who
+from .environment import ProcessInfo
 
-__all__ = ["who", "announcement", "check_group", "check_mpi_can_join"]
+__all__ = ["who", "announcement", "check_group", "refuse"]
 
 
 def announcement(info: ProcessInfo) -> str:
@@ -51,7 +54,7 @@ def _raise(info: ProcessInfo, backend: str, rank: int, size: int, outcome: str) 
 def check_group(info: ProcessInfo, backend: str, rank: int, size: int) -> None:
     """Raise :class:`~polydist.errors.WorldMismatchError` if the group (``rank`` of ``size``) is not the announced world.
 
-    ``info``: what the launcher announced (:func:`polydist.environment.detect`);
+    ``info``: what the launcher announced (:func:`polydist.launch.environment.detect`);
     nothing is checked when it announced a world of one.
     """
     if not info.is_distributed or (rank, size) == (info.rank, info.world_size):
@@ -64,16 +67,8 @@ def check_group(info: ProcessInfo, backend: str, rank: int, size: int) -> None:
     _raise(info, backend, rank, size, outcome)
 
 
-def check_mpi_can_join(info: ProcessInfo, backend: str) -> None:
-    """Before MPI starts: raise if MPI would make this process a world of its own in a world the launcher announced.
 
-    MPI sees only the ranks an MPI process manager started; under another
-    launcher that announced several processes (torchrun, Slurm without
-    ``--mpi``, Kubeflow, horovodrun) each process would start as MPI's
-    rank 0 of 1. A launcher polydist cannot name ("env": ``RANK`` and
-    ``WORLD_SIZE`` alone) might be an MPI that polydist does not know: its
-    group is checked once made, by :func:`check_group`.
-    """
-    if info.is_distributed and info.mpi_flavor is None and info.launcher != UNNAMED and not mpi_initialized():
-        _raise(info, backend, 0, 1, f"an {backend} group here would have 1 process (MPI sees no MPI launcher, "
-                                    "so each process would be a world of its own)")
+def refuse(info: ProcessInfo, backend: str, outcome: str) -> None:
+    """Raise :class:`~polydist.errors.WorldMismatchError` before joining: a ``backend`` group here would be
+    ``outcome`` ("an mpi group here would have 1 process (...)") instead of the announced world."""
+    _raise(info, backend, 0, 1, outcome)

@@ -36,27 +36,26 @@ Slurm is the launcher only when srun started the process: a batch script or
 SLURM_STEP_ID (or a special batch/extern/interactive one); it is one process,
 so serial, with a ``note`` saying why. The master address is the first host of
 the step's node list (task 0 runs there under the block, cyclic and plane
-distributions), expanded without ``scontrol`` (:mod:`polydist.launch._slurm`); the port is
+distributions), expanded without ``scontrol`` (:mod:`~polydist.launch._slurm`); the port is
 :func:`slurm_port`.
 MASTER_ADDR and MASTER_PORT, when set, beat anything derived.
 
 :func:`restart_count` reads how many times the launcher restarted this job's workers.
-:func:`mpi_job` decides whether this process is a rank of an MPI job, which is
-when polydist's ``mpi`` stand-in on stock wheels says MPI is there.
+Whether this process is a rank of an MPI job is the MPI backend's question
+(:func:`polydist.backends.mpi4py.job.mpi_job`), from ``mpi_flavor``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Tuple
 
-from .launch._launchers import LAYOUT, PET, READERS, Claim, elastic, first_set, read_int, slurm_port
-from .launch._slurm import expand_nodelist
-from .settings import RESTART_COUNT
+from ..settings import RESTART_COUNT
+from ._launchers import LAYOUT, PET, READERS, UNNAMED, Claim, elastic, first_set, read_int, slurm_port
+from ._slurm import expand_nodelist
 
-__all__ = ["ProcessInfo", "detect", "expand_nodelist", "slurm_port", "restart_count", "launcher", "mpi_initialized", "mpi_job"]
+__all__ = ["ProcessInfo", "detect", "expand_nodelist", "slurm_port", "restart_count", "launcher"]
 
 _FIELDS = LAYOUT + ("master_addr", "master_port")
 
@@ -96,6 +95,12 @@ class ProcessInfo:
     def is_distributed(self) -> bool:
         """True when the launcher started more than one process."""
         return self.world_size > 1
+
+    @property
+    def launcher_named(self) -> bool:
+        """False when only ``RANK`` and ``WORLD_SIZE`` said it ("env"): a launcher polydist cannot name, which
+        might be an MPI it does not know."""
+        return self.launcher != UNNAMED
 
 
 def _check(claim: Claim) -> None:
@@ -249,27 +254,3 @@ def launcher() -> ProcessInfo:
     except ValueError:
         return _SERIAL
 
-
-def mpi_initialized() -> bool:
-    """Whether this program has already started MPI (imported ``mpi4py.MPI``, which calls ``MPI_Init``) and not ended it.
-
-    Looks at ``sys.modules`` only, so it never starts MPI itself.
-    """
-    module = sys.modules.get("mpi4py.MPI")
-    return module is not None and module.Is_initialized() and not module.Is_finalized()
-
-
-def mpi_job(info: Optional[ProcessInfo] = None) -> bool:
-    """Whether this process is a rank of an MPI job: the one place that decides it.
-
-    True when an MPI process manager started this process as one of its ranks
-    (``info.mpi_flavor``: MPICH's Hydra, Open MPI, Intel MPI, MVAPICH,
-    ``srun --mpi=pmi2/pmix``) or the program already initialized MPI; False
-    under any other launcher (torchrun's workers inherit the variables of an
-    ``mpiexec`` that started torchrun, but are not its ranks) and in a plain
-    ``python`` process. ``info``: :func:`detect`'s answer (:func:`launcher`'s when None). polydist's ``mpi``
-    stand-in answers ``torch.distributed.is_mpi_available()`` with it, so a
-    framework that prefers MPI when it is available (Accelerate's multi-CPU
-    path) picks it only where MPI can see the job's ranks.
-    """
-    return (info or launcher()).mpi_flavor is not None or mpi_initialized()
