@@ -6,7 +6,6 @@ and ``device_mesh`` are imported only by programs that shard.
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 import torch.distributed as dist

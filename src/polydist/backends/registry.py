@@ -30,6 +30,7 @@ __all__ = [
     "Backend", "Lifecycle", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
     "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS",
     "adopt_any", "registrar", "Installable", "resolve", "resolved_name", "World", "world",
+    "requested_name",
 ]
 
 # How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
@@ -49,7 +50,8 @@ class Lifecycle:
         ranks_from_backend: ``init_process_group`` takes rank and world size from the backend itself.
         offers_host_address: its ranks offer the others the address their host name resolves to (gloo).
         needs_launcher: the launcher program that alone starts its ranks (MPI: ``"mpiexec"``): ``polydist.spawn``
-            refuses more than one process, ``polydist run`` and ``polydist bench`` start the ranks with it.
+            refuses more than one process (:meth:`spawn_refusal`), ``polydist run`` and ``polydist bench`` start
+            the ranks with it.
         starts_processes: its own launcher starts :func:`polydist.spawn`'s processes (:meth:`start_processes`).
         training_at_every_size: its :meth:`training` optimizer wrapper applies at world size 1 too (XLA:
             the step goes through ``xm.optimizer_step``, as idist wraps it at every size).
@@ -100,6 +102,13 @@ class Lifecycle:
         """What to do when its group is not the world a launcher (``who``, in words) announced; None: nothing
         special to say."""
         return None
+
+    def spawn_refusal(self, name: str) -> str:
+        """Where :attr:`needs_launcher`: why :func:`polydist.spawn` (backend ``name``) refuses to start several
+        processes, and what to do instead."""
+        return (f"spawn with backend {name!r}: only {self.needs_launcher} starts its ranks, and spawn's processes "
+                f"would each be a world of one; run the script under {self.needs_launcher} (or polydist run "
+                f"--backend {name}) and call polydist.initialize({name!r}) there, or spawn with gloo")
 
     def start_processes(self, work: Callable[[], Any], nproc_per_node: int, nnodes: int) -> list:
         """Where :attr:`starts_processes`: how :func:`polydist.spawn` starts its processes with the backend's own
@@ -375,6 +384,11 @@ def default_name() -> str:
     return next(e.name for e in _ENTRIES.values() if e.default_for == "cpu")
 
 
+def requested_name() -> str:
+    """The backend asked for when a call names none: ``POLYDIST_BACKEND``, else :func:`default_name`."""
+    return settings.BACKEND.read() or default_name()
+
+
 def resolve(name: Optional[str]) -> str:
     """The backend :func:`polydist.initialize` creates for ``name`` (None: ``POLYDIST_BACKEND``, else :func:`default_name`).
 
@@ -382,9 +396,7 @@ def resolve(name: Optional[str]) -> str:
     installed here), or whose device is not visible to this process.
     """
     if name is None:
-        name = settings.BACKEND.read()
-    if name is None:
-        return default_name()
+        name = requested_name()
     if not isinstance(name, str):
         raise TypeError(f"backend must be a string such as {GLOO.name!r} or {NCCL.name!r}, got {name!r}")
     lowered = name.lower()

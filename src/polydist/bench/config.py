@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from .. import context, settings
+from .. import context
 from ..backends import registry
 from ..launch import mpiexec
 from ..ops import check_op_dtype, resolve_op
@@ -148,7 +148,8 @@ def by_mpiexec(name: str) -> bool:
 
 
 def default_backend() -> str:
-    return settings.BACKEND.read() or registry.default_name()
+    """The backend measured when ``--backend`` names none: the one :func:`polydist.initialize` would create."""
+    return registry.requested_name()
 
 
 def _backends(text: Optional[str], launch: bool) -> tuple:

@@ -131,11 +131,7 @@ def spawn(
         work = functools.partial(_joined, fn, tuple(args), dict(kwargs_dict or {}), backend, init)
         return lifecycle.start_processes(work, nproc_per_node, nnodes)
     if lifecycle.needs_launcher is not None and (nproc_per_node, nnodes) != (1, 1):  # launch/announced.py's rule
-        raise ValueError(
-            f"spawn with backend {backend!r}: MPI sees only the ranks an MPI launcher starts, and spawn's "
-            "processes would each be a world of one; run the script under mpiexec -n N (or polydist run "
-            "--backend mpi) and call polydist.initialize('mpi') there, or spawn with gloo"
-        )
+        raise ValueError(lifecycle.spawn_refusal(backend))
     with job_trace_dir(settings.TRACE_DIR.read(), "polydist.spawn") as trace_dir:
         results = launch(
             _spawned,

@@ -207,6 +207,11 @@ class _MpiJob(registry.Lifecycle):
         return (f"the MPI backend needs an MPI launcher such as mpiexec (mpiexec -n {info.world_size} python "
                 f"SCRIPT, or polydist run --backend mpi); use gloo (nccl on GPUs) under {who}")
 
+    def spawn_refusal(self, name: str) -> str:
+        return (f"spawn with backend {name!r}: MPI sees only the ranks an MPI launcher starts, and spawn's "
+                "processes would each be a world of one; run the script under mpiexec -n N (or polydist run "
+                "--backend mpi) and call polydist.initialize('mpi') there, or spawn with gloo")
+
     def versions(self) -> dict:
         """mpi4py, the MPI wheel and the MPI library (when loaded), and whether torch has its own MPI."""
         out: dict = {"torch_native_mpi": native_mpi_available()}
