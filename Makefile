@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/polydist run --nproc-per-node 2 examples/train_digits.py
 
-# The whole suite, with the MPI smoke tests also under Open MPI and Intel MPI (tests/backends/test_mpi_runtimes.py);
+# The whole suite, with the MPI smoke tests also under Open MPI and Intel MPI (tests/backends/mpi4py/test_mpi_runtimes.py);
 # it prints its 25 slowest tests. What belongs in it, and the heavier targets below: docs/contributing.md.
 # The library and its launch paths (about 12 minutes on 2 cores): every test but the system tests and the engines.
 test: $(STAMP)
@@ -46,7 +46,7 @@ horovod: $(STAMP)
 	tools/build_horovod.sh $(BIN)/python $(VENV)/horovod-wheels
 
 # The horovod backend's tests, Horovod built first: the world tests on horovod worlds (ranks started by
-# horovodrun --gloo; POLYDIST_TEST_BACKENDS=horovod), tests/backends/test_horovod.py and the main job under
+# horovodrun --gloo; POLYDIST_TEST_BACKENDS=horovod), tests/backends/horovod/test_horovod.py and the main job under
 # horovodrun; then, in a pytest of its own (the idle Horovod worlds of the first poll their cores), ignite's
 # Horovod tests on polydist (tests/third_party/test_ignite_suite.py, phase "horovod"). About 20 minutes.
 # make test skips them.
@@ -71,7 +71,7 @@ $(XLA_STAMP): pyproject.toml
 	touch $(XLA_STAMP)
 
 # With PJRT_DEVICE=CPU (world size 1; PJRT's CPU client cannot run several processes): polydist's unit tests, the
-# world-size-1 tests (tests/core, tests/backends/test_xla.py), then ignite's own XLA tests (marker tpu) on polydist,
+# world-size-1 tests (tests/core, tests/backends/xla/test_xla.py), then ignite's own XLA tests (marker tpu) on polydist,
 # and the side-by-side count of those tests on ignite itself and on polydist (12-15 minutes on the shared 2-core VM).
 # Left out there: two tests that compare a gloo world's whole stdout, where torch 2.9's gloo prints "[Gloo] Rank 0 is
 # connected to 1 peer ranks..." itself (torch 2.13's does not); they pass in make test.
@@ -79,7 +79,7 @@ XLA_GLOO_STDOUT := tests/core/test_context.py::test_launched_ranks_without_maste
 	tests/core/test_world_state.py::test_destroy_and_reinit_leaves_nothing_stale
 
 test-xla: $(XLA_STAMP)
-	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/core tests/backends/test_xla.py \
+	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/unit tests/core tests/backends/xla/test_xla.py \
 		$(foreach t,$(XLA_GLOO_STDOUT),--deselect $(t))
 	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python -m pytest -p no:cacheprovider tests/third_party/test_ignite_suite.py -k xla
 	PJRT_DEVICE=CPU $(XLA_VENV)/bin/python tests/third_party/test_ignite_suite.py xla

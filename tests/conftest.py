@@ -65,7 +65,7 @@ def backend_kind(request) -> str:
 SYSTEM_FILES = frozenset(
     "tests/" + path
     for path in (
-        "backends/test_mpi_runtimes.py",  # the MPI smoke tests under Open MPI and Intel MPI (each its own mpiexec)
+        "backends/mpi4py/test_mpi_runtimes.py",  # the MPI smoke tests under Open MPI and Intel MPI (each its own mpiexec)
         "docs/test_tutorials.py",  # every tutorial's program, run as the page says
         "launch/test_idist_launch_forms.py",  # ignite's launcher tests in each launch form
         "launch/test_multinode.py",  # two nodes emulated on one host

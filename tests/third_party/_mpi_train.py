@@ -105,8 +105,8 @@ def close(destroy: Callable[[], None] = dist.destroy_process_group) -> None:
 
 
 def job_env(cli_env: dict, **extra: str) -> dict:
-    """The environment of a fresh mpiexec job (tests/backends/test_mpi.py's), plus ``extra``."""
-    from backends.test_mpi import _mpi_env
+    """The environment of a fresh mpiexec job (tests/backends/mpi4py/test_mpi.py's), plus ``extra``."""
+    from backends.mpi4py.test_mpi import _mpi_env
 
     return dict(_mpi_env(cli_env), **extra)
 

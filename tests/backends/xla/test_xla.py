@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(300)
 
 HAS_XLA = importlib.util.find_spec("torch_xla") is not None
 needs_xla = pytest.mark.skipif(not HAS_XLA, reason="torch_xla is not installed (make test-xla makes a venv with it)")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 # ------------------------------------------------------------ the entry (every venv)

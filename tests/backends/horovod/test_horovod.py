@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 BIN = os.path.dirname(sys.executable)
 
 
@@ -45,7 +45,7 @@ def hvd3(world_pool):
 def importable(monkeypatch):
     """horovod.run's processes unpickle this file's functions by module name: give them its folder."""
     here = os.path.dirname(os.path.abspath(__file__))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.path.dirname(here), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH")])))
 
 
 # ------------------------------------------------------------ horovodrun's environment, the group
