@@ -55,7 +55,7 @@ test-horovod: horovod
 		--ignore tests/third_party/test_ignite_suite.py
 	$(BIN)/python -m pytest -p no:cacheprovider -k horovod tests/third_party/test_ignite_suite.py
 
-# The xla-tpu backend (issue 30) in a venv of its own, $(VENV)-xla: torch_xla's last release, 2.9.0, pins torch 2.9.0,
+# The xla-tpu backend in a venv of its own, $(VENV)-xla: torch_xla's last release, 2.9.0, pins torch 2.9.0,
 # whose PyPI wheel pulls ~4 GB of CUDA packages (a 7 GB venv, ~100 s to install with pip's cache warm); the main venv
 # keeps torch 2.13.0. Made once (the stamp), like Horovod's wheel; a second make test-xla only runs the tests.
 XLA_VENV  := $(VENV)-xla
