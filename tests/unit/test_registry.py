@@ -159,3 +159,26 @@ def test_idist_model_names_come_from_the_entries_that_can_run(declared):
     declared(registry.Backend("pdmodel", model_name="pdmodel-dist"))
     declared(registry.Backend("pdabsent", model_name="pdabsent-dist", lifecycle=_NotInstalled()))  # not installed
     assert "pdmodel-dist" in registry.model_names() and "pdabsent-dist" not in registry.model_names()
+
+
+# ---------------------------------------------------------------- what torch.distributed is told
+# (each backend polydist implements: what its registry entry says)
+
+
+def test_torch_capability_matches_the_registry_for_every_registered_backend():
+    told = 0
+    for name in registry.names():
+        entry = registry.get(name)
+        if entry.torch_devices is None or name not in dist.Backend.backend_capability:
+            continue  # torch's own backend (or one not registered here): torch's word stands
+        assert dist.Backend.backend_capability[name] == list(entry.torch_devices), name
+        told += 1
+    assert told >= 1  # mpi4py at least, registered on every test machine
+
+
+def test_torch_mpi_stand_in_is_cpu_only():
+    mpi = registry.get("mpi")
+    if mpi.torch_devices is None:  # a PyTorch built with MPI: its ProcessGroupMPI's own capability
+        return
+    assert mpi.torch_devices == ("cpu",)
+    assert dist.Backend.backend_capability["mpi"] == ["cpu"]  # torch's checkpoint code picks CUDA from ['cpu', 'cuda']
