@@ -1,10 +1,11 @@
 """Where polydist's layers are connected: every hook one module runs for another, in one place.
 
 The lower layers (:mod:`polydist.context`, :mod:`polydist.collectives`, the
-backends, the MPI job) cannot import what builds on them (the flight recorder's dump, the
-comms profile), so they expose hook lists, and :func:`wire` fills them. It is
-called once, by ``polydist/__init__.py``: importing any other module fills
-nothing by itself, and what runs when, and in what order, is read here.
+backends, the MPI job) cannot import what builds on them (the flight
+recorder's dump, the comms profile, the launcher's announced world), so they
+expose hook lists and slots, and :func:`wire` fills them. It is called once,
+by ``polydist/__init__.py``: importing any other module fills nothing by
+itself, and what runs when, and in what order, is read here.
 """
 
 from __future__ import annotations

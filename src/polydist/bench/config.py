@@ -148,7 +148,7 @@ def by_mpiexec(name: str) -> bool:
 
 
 def default_backend() -> str:
-    """The backend measured when ``--backend`` names none: the one :func:`polydist.initialize` would create."""
+    """The backend measured when ``--backend`` names none: the one ``polydist.initialize()`` without one asks for."""
     return registry.requested_name()
 
 
