@@ -62,7 +62,7 @@ def serve_store(
     rank 0 that went on alone could finish its program and take the store
     with it while a slow rank was still connecting, leaving that rank retrying
     for the whole timeout (``spawn("horovod", fn, nproc_per_node=4)`` with an
-    ``fn`` that does not communicate: issue 31).
+    ``fn`` that does not communicate).
 
     Raises:
         ValueError: rank 0 announced a port outside 1..65535 (a corrupt or hostile value).
