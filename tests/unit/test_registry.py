@@ -104,6 +104,37 @@ def test_resolve_and_the_rendezvous_come_from_the_lifecycle(declared):
     assert registry.rendezvous_for(registry.get("gloo"), info) is hosted  # the job's rendezvous comes first
 
 
+class _NeedsLauncher(registry.Lifecycle):
+    needs_launcher = "pdlaunch"
+
+
+def test_spawn_refusal_names_the_launcher_the_lifecycle_needs():
+    said = _NeedsLauncher().spawn_refusal("pdneeds")
+    assert said.startswith("spawn with backend 'pdneeds': only pdlaunch starts its ranks"), said
+    assert "polydist run --backend pdneeds" in said and "polydist.initialize('pdneeds')" in said
+    assert registry.get("mpi").lifecycle.spawn_refusal("mpi").startswith(
+        "spawn with backend 'mpi': MPI sees only the ranks an MPI launcher starts")  # MPI's own words
+
+
+def test_the_requested_backend_is_the_variable_else_the_default(monkeypatch):
+    monkeypatch.delenv("POLYDIST_BACKEND", raising=False)
+    assert registry.requested_name() == registry.default_name() == registry.resolve(None)
+    monkeypatch.setenv("POLYDIST_BACKEND", "GLOO")
+    assert registry.requested_name() == "GLOO" and registry.resolve(None) == "gloo"  # resolve also checks it
+    monkeypatch.setenv("POLYDIST_BACKEND", "pdnowhere")
+    assert registry.requested_name() == "pdnowhere"
+    with pytest.raises(ValueError, match="Unknown backend 'pdnowhere'"):
+        registry.resolve(None)
+
+
+def test_the_launchers_world_is_wired_when_polydist_is_imported():
+    """Backends ask launch/ through registry.world (they cannot import it): wired by polydist/__init__."""
+    from polydist.launch import announced, environment
+
+    assert registry.world.announced is environment.launcher
+    assert (registry.world.check_group, registry.world.refuse) == (announced.check_group, announced.refuse)
+
+
 def test_the_mover_comes_from_the_entry(declared):
     from polydist.backends.direct import DirectProcessGroup
     from polydist.backends.mpi4py import native_mpi_available
