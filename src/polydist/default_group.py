@@ -25,7 +25,8 @@ def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
     Debian (127.0.1.1) and in many containers that is loopback, which ranks
     on other hosts cannot reach. Only a warning: nodes may share one host.
     """
-    if not registry.get(backend).lifecycle.offers_host_address or (info.nnodes or 1) < 2 or os.environ.get("GLOO_SOCKET_IFNAME"):
+    if (not registry.get(backend).lifecycle.offers_host_address or (info.nnodes or 1) < 2
+            or os.environ.get("GLOO_SOCKET_IFNAME")):
         return
     master = info.master_addr or ""
     try:
@@ -60,7 +61,8 @@ def create(group_kwargs: dict, info: ProcessInfo) -> Optional[timedelta]:
     if td is not None and td != group_kwargs["timeout"]:
         _torch.set_default_timeout(td)  # joined with the floor; collectives wait td
     entry = registry.get(group_kwargs["backend"])
-    joined = {registry.by_init_url(group_kwargs.get("init_method")), entry if entry.lifecycle.ranks_from_backend else None}
+    by_url = registry.by_init_url(group_kwargs.get("init_method"))
+    joined = {by_url, entry if entry.lifecycle.ranks_from_backend else None}
     for met in joined - {None}:
         met.lifecycle.after_join()  # MPI's: collectives without a timeout, so an uncaught exception must end the job
     return td

@@ -379,7 +379,7 @@ def default_name() -> str:
     nccl where CUDA is visible and torch has it, else gloo.
     """
     for entry in _ENTRIES.values():
-        if entry.default_for is not None and entry.default_for != "cpu" and entry.device_visible() and entry.lifecycle.available():
+        if entry.default_for not in (None, "cpu") and entry.device_visible() and entry.lifecycle.available():
             return entry.name
     return next(e.name for e in _ENTRIES.values() if e.default_for == "cpu")
 
@@ -460,9 +460,7 @@ UNSIGNED_WIDE = frozenset({torch.uint16, torch.uint32, torch.uint64})
 MPI_DTYPES = frozenset(_FLOATS | _COMPLEX | UNSIGNED_WIDE | {torch.int8, torch.uint8, torch.int16, torch.int32,
                                                               torch.int64, torch.bool})
 
-# gloo: ProcessGroupGloo instantiates its reductions for float, double, half, bfloat16, int8, uint8,
-# int32, int64 and bool only (GENERATE_ALL_TYPES); int16 and uint16/32/64 fail inside gloo with
-# "Invalid scalar type" under every op (measured on torch 2.13: all_reduce, reduce, reduce_scatter).
+# What torch's backends do beyond the defaults: gloo offers its host's address; nccl needs CUDA.
 class _Gloo(Lifecycle):
     offers_host_address = True
 
@@ -483,6 +481,9 @@ class _Absent(Lifecycle):
         return False
 
 
+# gloo: ProcessGroupGloo instantiates its reductions for float, double, half, bfloat16, int8, uint8,
+# int32, int64 and bool only (GENERATE_ALL_TYPES); int16 and uint16/32/64 fail inside gloo with
+# "Invalid scalar type" under every op (measured on torch 2.13: all_reduce, reduce, reduce_scatter).
 GLOO = declare(Backend(
     "gloo", builtin=True, default_for="cpu", lifecycle=_Gloo(), mover=SLOTS, timeout_settable=True, torch_recorder=True,
     reductions=ops.Reductions(

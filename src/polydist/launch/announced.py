@@ -67,7 +67,6 @@ def check_group(info: ProcessInfo, backend: str, rank: int, size: int) -> None:
     _raise(info, backend, rank, size, outcome)
 
 
-
 def refuse(info: ProcessInfo, backend: str, outcome: str) -> None:
     """Raise :class:`~polydist.errors.WorldMismatchError` before joining: a ``backend`` group here would be
     ``outcome`` ("an mpi group here would have 1 process (...)") instead of the announced world."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Optional
 
-
 from ... import ops
 from .. import registry
 from . import job
@@ -124,7 +123,8 @@ class _HorovodLifecycle(registry.Installable):
 # registers, only with dynamic process sets; idist's "horovod-dist".
 HOROVOD = registry.declare(registry.Backend(
     BACKEND_NAME, no_subgroups=no_subgroups, point_to_point=False, mover=registry.DIRECT, model_name="horovod-dist",
-    lifecycle=_HorovodLifecycle(BACKEND_NAME, register, "Horovod is not installed (make horovod builds it)"), torch_devices=("cpu",),
+    lifecycle=_HorovodLifecycle(BACKEND_NAME, register, "Horovod is not installed (make horovod builds it)"),
+    torch_devices=("cpu",),
     reductions=ops.Reductions(
         BACKEND_NAME, registry.MPI_DTYPES,
         refused={"MIN": registry.UNSIGNED_WIDE, "MAX": registry.UNSIGNED_WIDE},

@@ -218,6 +218,8 @@ XLA = registry.declare(registry.Backend(
         source="polydist's xla-tpu group (backends/xla/process_group.py): xm.all_reduce's types",
     ),
 ))
-registry.declare(dataclasses.replace(XLA, name="xla", reductions=None, listed=False, lifecycle=_XlaSpelling(BACKEND_NAME, register, _MISSING)))
+registry.declare(dataclasses.replace(
+    XLA, name="xla", reductions=None, listed=False, lifecycle=_XlaSpelling(BACKEND_NAME, register, _MISSING),
+))
 
 __all__ += ["xla_device", "no_subgroups", "URL", "XLA"]
