@@ -218,8 +218,11 @@ XLA = registry.declare(registry.Backend(
         source="polydist's xla-tpu group (backends/xla/process_group.py): xm.all_reduce's types",
     ),
 ))
+# ignite.distributed's other spelling: a group is made as xla-tpu. torch's own "xla" is torch_xla's backend, not
+# polydist's: what torch says of it stands (torch_devices=None).
 registry.declare(dataclasses.replace(
     XLA, name="xla", reductions=None, listed=False, lifecycle=_XlaSpelling(BACKEND_NAME, register, _MISSING),
+    torch_devices=None,
 ))
 
 __all__ += ["xla_device", "no_subgroups", "URL", "XLA"]
