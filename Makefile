@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.polydist-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/polydist/collectives/_record.c  # reinstalled (rebuilt) when the C source changes
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e ".[examples,test]"

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..collectives.recorder import RECORDER, RES, SEQ
+from ..collectives.recorder import RECORDER, RES, SEQ, record_op
 from ..errors import InvalidArgumentError
 from .direct import DirectProcessGroup
 from .tensors import Contiguous, byte_counts, bytes_of, unflatten
@@ -132,7 +132,7 @@ class PythonProcessGroup(DirectProcessGroup):
         if root is not None:
             root = self._tag.ranks[root]  # torch passes group ranks; records hold global ones
         x = inputs[0] if len(inputs) == 1 else inputs  # one tensor: the record's common, cheaper case
-        return rec.start_op(self._tag, op, seq, red, root, x, async_op, rec.on), True
+        return record_op(rec, self._tag, op, seq, red, root, x, async_op, rec.on), True
 
     def _p2p_record(self, op: str, t: torch.Tensor, peer: int) -> Optional[list]:
         """The flight-recorder record of a point-to-point call to or from group rank ``peer`` (not numbered: a
@@ -141,7 +141,7 @@ class PythonProcessGroup(DirectProcessGroup):
         rec = RECORDER
         if rec.outer is not None or not rec.on:
             return None
-        return rec.start_op(self._tag, op, None, None, None if peer < 0 else self._tag.ranks[peer], t, True, True)
+        return record_op(rec, self._tag, op, None, None, None if peer < 0 else self._tag.ranks[peer], t, True, True)
 
     def _run(
         self, op: str, body: Callable[[], None], result: Any, opts: Any, inputs: Sequence[torch.Tensor],

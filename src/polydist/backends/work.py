@@ -33,9 +33,10 @@ import torch
 from torch.futures import Future
 
 from .._torch import WorkBase
-from ..collectives.recorder import RECORDER, START
+from ..collectives import recorder
+from ..collectives.recorder import RECORDER, START, _record_op
 
-__all__ = ["Lane", "LaneWork", "DoneWork", "StatusRequest", "profiling"]
+__all__ = ["Lane", "LaneWork", "DoneWork", "StatusRequest", "profiling", "run_recorded"]
 
 _enter = torch._C._autograd._record_function_with_args_enter
 _exit = torch._C._autograd._record_function_with_args_exit
@@ -227,6 +228,9 @@ class Lane:
     when it started, which the watchdog (:mod:`polydist.backends.watchdog`) reads.
     """
 
+    # fields, not a dict: the compiled run_recorded sets current and since at their offsets
+    __slots__ = ("backend", "pending", "current", "since", "done", "_queue", "_cond", "_thread")
+
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self.pending = 0
@@ -274,21 +278,6 @@ class Lane:
         error = self._execute(body, record, owned, record[START])
         if error is not None:
             raise error
-
-    def inline_call(self, record: list, owned: bool, fn: Callable[..., Any], *args: Any) -> None:
-        """:meth:`inline` of ``fn(*args)`` with a ``record`` (not None), flattened: the lean all-reduce's path,
-        where each Python call saved is a tenth of the MPI call's time."""
-        self.since, self.current = record[START], record
-        try:
-            fn(*args)
-        except BaseException as e:
-            self.current = None
-            if owned:
-                RECORDER.fail(record, e)
-            raise
-        self.current = None
-        if owned:
-            RECORDER.end(record)
 
     def _execute(
         self, body: Callable[[], None], record: Optional[list], owned: bool, since: float,
@@ -353,6 +342,31 @@ class Lane:
             self._queue.append((None, None, None, False))
             self._cond.notify()
         thread.join(seconds)
+
+
+def _run_recorded(rec: Any, lane: Lane, res: Any, name: str, seq: int, op: Any, x: Any, ring: bool,
+                  fn: Callable[..., Any], *args: Any) -> None:  # fmt: skip
+    """Run ``fn(*args)`` on the caller's thread as operation ``name`` of the group tagged ``res`` (blocking,
+    nothing queued on ``lane``): recorded (:func:`~polydist.collectives.recorder.record_op`), shown to the
+    watchdog as ``lane``'s current operation while it runs, and marked completed or failed (``fn``'s error
+    is re-raised). This is the Python version; ``run_recorded`` is the compiled one where it was built."""
+    record = _record_op(rec, res, name, seq, op, None, x, False, ring)
+    lane.since, lane.current = record[START], record  # since first: the watchdog reads current, then since
+    try:
+        fn(*args)
+    except BaseException as e:
+        lane.current = None
+        rec.fail(record, e)
+        raise
+    lane.current = None
+    rec.end(record)
+
+
+# A lean path's whole operation, recorded and watched, in one call (see _run_recorded): the MPI group's all_reduce
+# on the caller's thread, where each Python call saved is a tenth of the MPI call's time.
+run_recorded = _run_recorded if recorder.COMPILED is None else recorder.COMPILED.run_recorded
+if recorder.COMPILED is not None:
+    recorder.COMPILED.configure_lane(Lane)
 
 
 class _Progress:

@@ -13,7 +13,12 @@ NCCL backend only.
 
 A record is a plain list, filled in place; the cost on the caller's path is
 one frame walk, one ``time.time()`` at each end and a list store, about a
-microsecond (benchmarks/trace_cost.py). The caller's line is found only when a
+microsecond (benchmarks/trace_cost.py). The operations polydist's own process
+groups run for any caller (torch.distributed, DDP, FSDP2) are recorded by
+:func:`record_op`, which is compiled (``_record.c``, built by setup.py where a C
+compiler is found) and falls back to Python with the same records; the compiled
+walk reads the interpreter's frames without making frame objects
+(benchmarks/torch_path_cost.py). The caller's line is found only when a
 record is read (:func:`line_of`): the record keeps the frame's instruction
 offset, since ``f_lineno`` scans the function's line table on every read.
 Tensors are never kept: only their dtype and shape, so the buffer holds no
@@ -25,6 +30,7 @@ profile asks.
 from __future__ import annotations
 
 import dis
+import hashlib
 import os
 import sys
 import time
@@ -73,14 +79,50 @@ _IN_LIBRARIES: dict = {}
 _HELD: list = []
 
 
+def _classify(code: Any) -> bool:
+    """Whether ``code``'s file is polydist's or torch's (the compiled walk caches the answer itself)."""
+    return code.co_filename.startswith(_LIBRARIES)
+
+
 def _in_libraries(code: Any) -> bool:
     """Whether ``code``'s file is polydist's or torch's, learnt once per code object (at most 4096 kept)."""
     if len(_HELD) >= 4096:
         _IN_LIBRARIES.clear()
         _HELD.clear()
     _HELD.append(code)
-    inside = _IN_LIBRARIES[id(code)] = code.co_filename.startswith(_LIBRARIES)
+    inside = _IN_LIBRARIES[id(code)] = _classify(code)
     return inside
+
+
+def _record_op(rec: "Recorder", res: Any, name: str, seq: Optional[int], op: Any, root: Any, x: Any, async_op: bool,
+               ring: bool) -> list:  # fmt: skip
+    """Record an operation process group ``res`` (its tag: ``ranks`` its global ranks) starts, whoever called it
+    (torch.distributed, DDP, FSDP2); returns the record, kept in ``rec``'s ring when ``ring`` (else for the
+    group's watchdog only, with id -1: ``POLYDIST_TRACE=0``).
+
+    ``seq``: the group's count of operations (None for point-to-point); ``x``: the tensor argument, or a
+    list of them. The caller shown is the first frame outside polydist and torch. This is the Python
+    version; ``record_op`` is the compiled one (``_record.c``) where it was built, making the same record.
+    """
+    frame = sys._getframe(1)  # the caller's (polydist's) frame, where the compiled walk starts too
+    known = _IN_LIBRARIES
+    while frame.f_back is not None:  # to the first frame outside polydist and torch, inline: a hot path
+        inside = known.get(id(frame.f_code))
+        if inside is None:
+            inside = _in_libraries(frame.f_code)
+        if not inside:
+            break
+        frame = frame.f_back
+    if type(x) is torch.Tensor:
+        dtype, shape = x.dtype, x.shape
+    else:
+        dtype, shape = _MANY, _tensors(x)
+    n = rec.count if ring else -1
+    record = [n, name, res, seq, op, root, dtype, shape, frame.f_code, frame.f_lasti, _now(), None, STARTED, None, async_op]
+    if ring:
+        rec.slots[n % rec.size] = record
+        rec.count = n + 1
+    return record
 
 
 class Recorder:
@@ -126,34 +168,6 @@ class Recorder:
         record = [n, name, res, seq, op, root, dtype, shape, frame.f_code, frame.f_lasti, _now(), None, STARTED, None, async_op]
         self.slots[n % self.size] = record
         self.count = n + 1
-        return record
-
-    def start_op(self, res: Any, name: str, seq: int, op: Any, root: Any, x: Any, async_op: bool, ring: bool) -> list:
-        """Record an operation a process group starts, whoever called it (torch.distributed, DDP, FSDP2).
-
-        ``res``: the group's tag (``ranks`` its global ranks), ``seq`` the
-        group's count of operations. The caller shown is the first frame
-        outside polydist and torch. ``ring`` False: a record for the group's
-        watchdog only, not kept in the ring (``POLYDIST_TRACE=0``).
-        """
-        frame = sys._getframe(3)  # 2: the group method (polydist); 3 saves one step
-        known = _IN_LIBRARIES
-        while frame.f_back is not None:  # to the first frame outside polydist and torch, inline: a hot path
-            inside = known.get(id(frame.f_code))
-            if inside is None:
-                inside = _in_libraries(frame.f_code)
-            if not inside:
-                break
-            frame = frame.f_back
-        if type(x) is torch.Tensor:
-            dtype, shape = x.dtype, x.shape
-        else:
-            dtype, shape = _MANY, _tensors(x)
-        n = self.count if ring else -1
-        record = [n, name, res, seq, op, root, dtype, shape, frame.f_code, frame.f_lasti, _now(), None, STARTED, None, async_op]
-        if ring:
-            self.slots[n % self.size] = record
-            self.count = n + 1
         return record
 
     def end(self, record: list) -> None:
@@ -249,6 +263,31 @@ def _from_env() -> Recorder:
 
 
 RECORDER = _from_env()
+
+
+def _compiled() -> Any:
+    """The compiled per-call path (``polydist.collectives._record``, built by setup.py where a C compiler is
+    found), configured; None where it was not built, or was built from another version of ``_record.c`` than
+    the one beside it (a source checkout not rebuilt: ``pip install -e .`` rebuilds it), which is said once."""
+    try:
+        from . import _record
+    except ImportError:
+        return None
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_record.c")
+    if os.path.exists(source):  # a source tree (an installed wheel has no source)
+        with open(source, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        if digest != _record.SOURCE:
+            print(f"polydist: {_record.__file__} was built from another version of {source}; the flight recorder "
+                  "runs in Python until it is rebuilt (pip install -e .)", file=sys.stderr)  # fmt: skip
+            return None
+    _record.configure(torch.Tensor, _MANY, _tensors, _classify, STARTED, COMPLETED, Recorder, torch.Size)
+    return _record
+
+
+COMPILED = _compiled()
+# Record an operation a process group starts (see _record_op): compiled where built, the same records either way.
+record_op = _record_op if COMPILED is None else COMPILED.record_op
 
 
 def set_trace(enabled: bool) -> None:

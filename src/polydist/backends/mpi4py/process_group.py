@@ -56,9 +56,11 @@ import torch.distributed as dist
 
 from ...errors import InvalidArgumentError
 from . import _mpi
+from ...collectives.recorder import RECORDER, START
 from ..python_group import PythonProcessGroup, opt
 from ..tensors import Contiguous, apart, own_slot
-from ..work import LaneWork, StatusRequest, profiling, request_work
+from ..watchdog import WATCHDOG
+from ..work import LaneWork, StatusRequest, profiling, request_work, run_recorded
 
 __all__ = ["MPIProcessGroup"]
 
@@ -127,14 +129,24 @@ class MPIProcessGroup(PythonProcessGroup):
 
     def _lean_allreduce(self, t: torch.Tensor, plan: tuple) -> None:
         """All-reduce contiguous CPU ``t`` in place by its learnt ``plan`` (recorded, watched), on this thread."""
-        record, owned = self._begin("all_reduce", (t,), None, plan[3], False)
-        buf = _mpi.cached_buffer(t, plan[0])
-        if record is None:
-            self.comm.Allreduce(_mpi.MPI.IN_PLACE, buf, plan[1])
+        rec, buf = RECORDER, _mpi.cached_buffer(t, plan[0])
+        if rec.outer is None and (rec.on or WATCHDOG.enabled):  # torch's call (DDP's, the program's): _begin's own
+            self._seq = seq = self._seq + 1  # record, made, watched and closed around the MPI call in one step
+            run_recorded(rec, self._lane, self._tag, "all_reduce", seq, plan[3], t, rec.on,
+                         self.comm.Allreduce, _mpi.MPI.IN_PLACE, buf, plan[1])  # fmt: skip
         else:
-            self._lane.inline_call(record, owned, self.comm.Allreduce, _mpi.MPI.IN_PLACE, buf, plan[1])
+            record, _ = self._begin("all_reduce", (t,), None, plan[3], False)  # polydist's call's record, or none
+            if record is None:
+                self.comm.Allreduce(_mpi.MPI.IN_PLACE, buf, plan[1])
+            else:  # the pipeline closes its record; the watchdog sees it while MPI runs
+                lane = self._lane
+                lane.since, lane.current = record[START], record
+                try:
+                    self.comm.Allreduce(_mpi.MPI.IN_PLACE, buf, plan[1])
+                finally:
+                    lane.current = None
         if plan[2]:
-            t.div_(self.comm.Get_size())
+            t.div_(self._size)
 
     def _reduce_plan(self, t: torch.Tensor, op: Any) -> tuple:
         """``(op name, MPI op, wide dtype or None)``; learns the lean path's plan for an op given by name or
