@@ -12,13 +12,16 @@ is the maximum over the ranks; a row reports the median over its blocks, per cal
   general path every operation but the lean all_reduce takes: checks, record, lane, work handle);
 * 8 B (a 2-element float32 tensor): raw ``mpi4py`` ``COMM_WORLD.Allreduce`` on NumPy arrays (the floor),
   ``polydist.all_reduce``, ``torch.distributed.all_reduce`` on the ``mpi`` group with the flight recorder
-  and the watchdog on (the default) and off (``POLYDIST_TRACE=0``'s switch and the watchdog's);
+  and the watchdog on (the default) and off (``POLYDIST_TRACE=0``'s switch and the watchdog's), and on with
+  the record made by the Python functions instead of the compiled ones (``polydist.collectives._record``,
+  where it was built);
 * 16 MiB (float32): raw ``mpi4py`` and ``torch.distributed.all_reduce`` on and off;
 * a DDP training step (a 64-256-10 MLP, a batch of 32: forward, backward with DDP's gradient all-reduce
   on the ``mpi`` group, SGD step), recording and watchdog on and off;
 * then, in the parent alone (no MPI, no communication), the Python group's per-call pieces: the work
   handle (``LaneWork``), a ``torch.futures.Future``, the profiler check, the record (``_begin``), the
-  lane's inline hand-off, a whole ``allreduce(...).wait()`` of a group whose transport does nothing (also called after 2,000 lines of
+  lane's inline hand-off, reading torch's options object, the record and the lean path's recorded call
+  (``run_recorded``) compiled and in Python, a whole ``allreduce(...).wait()`` of a group whose transport does nothing (also called after 2,000 lines of
   a function: a record reads the caller's line only when it is dumped), and
   ``torch.distributed.all_reduce`` on torch's ``fake`` backend (torch's own dispatch to a C++ backend,
   the floor of any torch-level call), and the ``mpi`` group over ``COMM_SELF`` (one process: MPI without
@@ -63,6 +66,16 @@ def _time_rows(fns: dict, iters: dict, blocks: int, warmup: int, barrier: Callab
     return out
 
 
+def _recording() -> tuple:
+    """Where the groups call the record's two functions, and the Python versions of both (the "/py/" rows and
+    pieces put those in place of the compiled ones, polydist.collectives._record)."""
+    from polydist.backends import python_group, work
+    from polydist.backends.mpi4py import process_group
+    from polydist.collectives import recorder
+
+    return ((python_group, "record_op"), (process_group, "run_recorded")), (recorder._record_op, work._run_recorded)
+
+
 def child(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
@@ -70,9 +83,10 @@ def child(args: argparse.Namespace) -> None:
 
     import polydist as pd
     from polydist.backends.watchdog import WATCHDOG
-    from polydist.collectives.recorder import RECORDER
+    from polydist.collectives.recorder import COMPILED, RECORDER
 
     pd.initialize("mpi")
+    where, python = _recording()
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -84,6 +98,12 @@ def child(args: argparse.Namespace) -> None:
 
     def switch(on: bool) -> None:
         RECORDER.on = WATCHDOG.enabled = on
+
+    compiled = [vars(module)[name] for module, name in where]
+
+    def in_python(on: bool) -> None:  # the "/py/" rows: the record made by the Python functions
+        for (module, name), fallback, fast in zip(where, python, compiled):
+            setattr(module, name, fallback if on else fast)
 
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
@@ -102,6 +122,7 @@ def child(args: argparse.Namespace) -> None:
         "polydist/8": lambda: pd.all_reduce(small),
         "dist/on/8": lambda: dist.all_reduce(small),
         "dist/off/8": lambda: dist.all_reduce(small),
+        **({"dist/py/8": lambda: dist.all_reduce(small)} if COMPILED is not None else {}),
         "mpi4py-ag/8": lambda: comm.Allgather(a, gathered_np),
         "dist-ag/on/8": lambda: dist.all_gather_single(gathered, small),
         "mpi4py/16M": lambda: comm.Allreduce(la, lb),
@@ -124,12 +145,14 @@ def child(args: argparse.Namespace) -> None:
         for name in random.Random(blk).sample(names, len(names)):
             fn, n = fns[name], iters[name]
             switch("/off/" not in name)  # "off" rows: for their own blocks, on every rank alike
+            in_python("/py/" in name)
             comm.Barrier()
             start = clock()
             for _ in range(n):
                 fn()
             took = (clock() - start) / n / 1000
             switch(True)
+            in_python(False)
             results[name].append(max(comm.allgather(took)))
     rows = {name: statistics.median(v) for name, v in results.items()}
 
@@ -144,8 +167,10 @@ def pieces(args: argparse.Namespace) -> dict:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from polydist.backends import work
     from polydist.backends.python_group import PythonProcessGroup
     from polydist.backends.work import LaneWork, profiling
+    from polydist.collectives import recorder
 
     class Empty(PythonProcessGroup):
         """A group whose transport does nothing: what is left is the group's own work per call."""
@@ -161,6 +186,11 @@ def pieces(args: argparse.Namespace) -> dict:
     opts.asyncOp = False
     nothing = lambda: None  # noqa: E731
     record, _ = group._begin("all_reduce", [t], None, None, False)
+    ring, tag = recorder.Recorder(True, 2000), group._tag
+    implementations: tuple = ({"Python": recorder._record_op}, {"Python": work._run_recorded})
+    if recorder.COMPILED is not None:
+        implementations[0]["compiled"], implementations[1]["compiled"] = (recorder.COMPILED.record_op,
+                                                                          recorder.COMPILED.run_recorded)
     import numpy as np
 
     from polydist.backends.mpi4py import _mpi
@@ -182,8 +212,14 @@ def pieces(args: argparse.Namespace) -> dict:
         "work handle: LaneWork(result)": lambda: LaneWork(None, backend="mpi"),
         "future: torch.futures.Future()": torch.futures.Future,
         "profiler check: profiling()": profiling,
-        "record: _begin (number, caller's frame, list)": lambda: group._begin("all_reduce", [t], None, None, False),
+        "record: _begin (number, caller's frame, record)": lambda: group._begin("all_reduce", [t], None, None, False),
         "lane hand-off, inline: lane.inline(nothing, record)": lambda: group._lane.inline(nothing, record, False),
+        "torch's options read: opts.asyncOp, opts.reduceOp.op.value": lambda: (opts.asyncOp, opts.reduceOp.op.value),
+        **{f"record: record_op, {kind}": (lambda f=f: f(ring, tag, "all_reduce", 1, "SUM", None, t, False, True))
+           for kind, f in implementations[0].items()},
+        **{f"the lean path's recorded call: run_recorded(..., nothing), {kind}":
+           (lambda f=f: f(ring, group._lane, tag, "all_reduce", 1, "SUM", t, True, nothing))
+           for kind, f in implementations[1].items()},
         "lane.run(nothing) inline, with its work handle": lambda: group._lane.run(nothing, None, True, "x", ()),
         "AllreduceOptions() (torch's wrapper makes one)": dist.AllreduceOptions,
         "group.allreduce([t], opts).wait(), empty transport": lambda: group.allreduce([t], opts).wait(),
@@ -244,6 +280,7 @@ def main() -> None:
         "dist-ag/on": "torch.distributed.all_gather_single (the general path), recording + watchdog on",
         "dist/on": "torch.distributed.all_reduce, recording + watchdog on",
         "dist/off": "torch.distributed.all_reduce, recording + watchdog off",
+        "dist/py": "torch.distributed.all_reduce, recording + watchdog on, recorded in Python (not compiled)",
         "ddp/on": "DDP training step, recording + watchdog on", "ddp/off": "DDP training step, recording + watchdog off",
     }  # fmt: skip
     sizes = {"8": "8 B", "16M": "16 MiB", "step": "MLP, 19 k parameters"}
