@@ -91,6 +91,7 @@ def test_a_record_holds_the_call_and_its_caller_outside_polydist_and_torch(impl)
     [
         ([torch.ones(2), torch.zeros(3, dtype=torch.int64)], ["float32", "int64"], [[2], [3]]),
         (torch.nn.Parameter(torch.ones(4)), ["float32"], [[4]]),  # a Tensor subclass: the general form
+        (torch.ones([1] * 9), ["float32"], [[1] * 9]),  # more sizes than a compiled record holds itself
         ((), [], []),  # barrier: no tensor
         ("a value", [], []),  # polydist's values: no tensor
     ],

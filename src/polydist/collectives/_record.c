@@ -175,7 +175,8 @@ static Py_ssize_t field_ssize(PyObject *obj, Py_ssize_t off, const char *name) {
     return value == NULL ? -1 : PyLong_AsSsize_t(value);
 }
 
-/* Fill ``r``'s shape from tensor ``x``; 0, or -1 with an exception set. */
+/* Fill ``r``'s shape from tensor ``x``: its sizes, or the shape object itself where they do not fit; 0, or -1
+ * with an exception set. */
 static int take_shape(Record *r, PyObject *x) {
     PyObject *shape = get_shape != NULL ? get_shape->get(x, get_shape->closure) : PyObject_GetAttr(x, s_shape);
     if (shape == NULL)
@@ -187,9 +188,10 @@ static int take_shape(Record *r, PyObject *x) {
     }
     for (Py_ssize_t i = 0; i < ndim; i++) {
         r->dims[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-        if (r->dims[i] == -1 && PyErr_Occurred()) {
-            Py_DECREF(shape);
-            return -1;
+        if (r->dims[i] == -1 && PyErr_Occurred()) { /* not a plain int (a symbolic size): kept whole */
+            PyErr_Clear();
+            r->shapes = shape;
+            return 0;
         }
     }
     r->ndim = (int)ndim;
