@@ -279,6 +279,22 @@ class Lane:
         if error is not None:
             raise error
 
+    def inline_call(self, record: list, closer: Any, fn: Callable[..., Any], *args: Any) -> None:
+        """:meth:`inline` of ``fn(*args)`` with a ``record`` (not None), flattened, for the lean all-reduce's path,
+        where each Python call saved is a tenth of the MPI call's time. ``closer``: the recorder that marks the
+        record completed or failed (``fn``'s error is re-raised), or None where the caller's pipeline does."""
+        self.since, self.current = record[START], record  # since first: the watchdog reads current, then since
+        try:
+            fn(*args)
+        except BaseException as e:
+            self.current = None
+            if closer is not None:
+                closer.fail(record, e)
+            raise
+        self.current = None
+        if closer is not None:
+            closer.end(record)
+
     def _execute(
         self, body: Callable[[], None], record: Optional[list], owned: bool, since: float,
     ) -> Optional[BaseException]:  # fmt: skip
@@ -350,16 +366,7 @@ def _run_recorded(rec: Any, lane: Lane, res: Any, name: str, seq: int, op: Any, 
     nothing queued on ``lane``): recorded (:func:`~polydist.collectives.recorder.record_op`), shown to the
     watchdog as ``lane``'s current operation while it runs, and marked completed or failed (``fn``'s error
     is re-raised). This is the Python version; ``run_recorded`` is the compiled one where it was built."""
-    record = _record_op(rec, res, name, seq, op, None, x, False, ring)
-    lane.since, lane.current = record[START], record  # since first: the watchdog reads current, then since
-    try:
-        fn(*args)
-    except BaseException as e:
-        lane.current = None
-        rec.fail(record, e)
-        raise
-    lane.current = None
-    rec.end(record)
+    lane.inline_call(_record_op(rec, res, name, seq, op, None, x, False, ring), rec, fn, *args)
 
 
 # A lean path's whole operation, recorded and watched, in one call (see _run_recorded): the MPI group's all_reduce

@@ -286,8 +286,6 @@ static int check_configured(PyObject *rec) {
     return 0;
 }
 
-static int truth(PyObject *obj) { return PyObject_IsTrue(obj); }
-
 static int arity(const char *name, Py_ssize_t nargs, Py_ssize_t least, Py_ssize_t most) {
     if (nargs >= least && nargs <= most)
         return 0;
@@ -299,7 +297,7 @@ static int arity(const char *name, Py_ssize_t nargs, Py_ssize_t least, Py_ssize_
 static PyObject *record_op(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (arity("record_op", nargs, 9, 9) < 0 || check_configured(args[0]) < 0)
         return NULL;
-    int ring = truth(args[8]);
+    int ring = PyObject_IsTrue(args[8]);
     if (ring < 0)
         return NULL;
     return make_record(args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], ring);
@@ -318,7 +316,7 @@ static PyObject *run_recorded(PyObject *module, PyObject *const *args, Py_ssize_
         PyErr_Format(PyExc_TypeError, "expected a %s, got %s", lane_type->tp_name, Py_TYPE(lane)->tp_name);
         return NULL;
     }
-    int ring = truth(args[7]);
+    int ring = PyObject_IsTrue(args[7]);
     if (ring < 0)
         return NULL;
     Record *record = (Record *)make_record(rec, args[2], args[3], args[4], args[5], Py_None, args[6], Py_False, ring);

@@ -56,7 +56,7 @@ import torch.distributed as dist
 
 from ...errors import InvalidArgumentError
 from . import _mpi
-from ...collectives.recorder import RECORDER, START
+from ...collectives.recorder import RECORDER
 from ..python_group import PythonProcessGroup, opt
 from ..tensors import Contiguous, apart, own_slot
 from ..watchdog import WATCHDOG
@@ -139,12 +139,7 @@ class MPIProcessGroup(PythonProcessGroup):
             if record is None:
                 self.comm.Allreduce(_mpi.MPI.IN_PLACE, buf, plan[1])
             else:  # the pipeline closes its record; the watchdog sees it while MPI runs
-                lane = self._lane
-                lane.since, lane.current = record[START], record
-                try:
-                    self.comm.Allreduce(_mpi.MPI.IN_PLACE, buf, plan[1])
-                finally:
-                    lane.current = None
+                self._lane.inline_call(record, None, self.comm.Allreduce, _mpi.MPI.IN_PLACE, buf, plan[1])
         if plan[2]:
             t.div_(self._size)
 
