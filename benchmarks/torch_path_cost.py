@@ -101,9 +101,15 @@ def child(args: argparse.Namespace) -> None:
 
     compiled = [vars(module)[name] for module, name in where]
 
-    def in_python(on: bool) -> None:  # the "/py/" rows: the record made by the Python functions
-        for (module, name), fallback, fast in zip(where, python, compiled):
-            setattr(module, name, fallback if on else fast)
+    from polydist.backends.mpi4py.process_group import LEAN
+
+    def in_python(name: str) -> None:
+        """The "/group-py/" rows: the Python group's all_reduce (the compiled one, LEAN, told to pass every call to
+        it); the "/py/" rows: that, and the record made by the Python functions."""
+        if LEAN is not None:
+            LEAN.use("/py/" not in name and "/group-py/" not in name)
+        for (module, attr), fallback, fast in zip(where, python, compiled):
+            setattr(module, attr, fallback if "/py/" in name else fast)
 
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
@@ -122,7 +128,8 @@ def child(args: argparse.Namespace) -> None:
         "polydist/8": lambda: pd.all_reduce(small),
         "dist/on/8": lambda: dist.all_reduce(small),
         "dist/off/8": lambda: dist.all_reduce(small),
-        **({"dist/py/8": lambda: dist.all_reduce(small)} if COMPILED is not None else {}),
+        **({"dist/group-py/8": lambda: dist.all_reduce(small)} if LEAN is not None else {}),
+        **({"dist/py/8": lambda: dist.all_reduce(small)} if COMPILED is not None or LEAN is not None else {}),
         "mpi4py-ag/8": lambda: comm.Allgather(a, gathered_np),
         "dist-ag/on/8": lambda: dist.all_gather_single(gathered, small),
         "mpi4py/16M": lambda: comm.Allreduce(la, lb),
@@ -145,14 +152,14 @@ def child(args: argparse.Namespace) -> None:
         for name in random.Random(blk).sample(names, len(names)):
             fn, n = fns[name], iters[name]
             switch("/off/" not in name)  # "off" rows: for their own blocks, on every rank alike
-            in_python("/py/" in name)
+            in_python(name)
             comm.Barrier()
             start = clock()
             for _ in range(n):
                 fn()
             took = (clock() - start) / n / 1000
             switch(True)
-            in_python(False)
+            in_python("")
             results[name].append(max(comm.allgather(took)))
     rows = {name: statistics.median(v) for name, v in results.items()}
 
@@ -194,7 +201,7 @@ def pieces(args: argparse.Namespace) -> dict:
     import numpy as np
 
     from polydist.backends.mpi4py import _mpi
-    from polydist.backends.mpi4py.process_group import MPIProcessGroup
+    from polydist.backends.mpi4py.process_group import LEAN, MPIProcessGroup
 
     MPI = _mpi.mpi()  # starts MPI and fills its tables of datatypes
 
@@ -227,6 +234,9 @@ def pieces(args: argparse.Namespace) -> dict:
         "torch.distributed.all_reduce on torch's fake backend (C++ dispatch floor)": lambda: dist.all_reduce(t),
         "raw mpi4py COMM_SELF.Allreduce(a, b), 8 B": lambda: MPI.COMM_SELF.Allreduce(a, b),
         "mpi group over COMM_SELF: allreduce([t], opts).wait(), 8 B": lambda: alone.allreduce([t], opts).wait(),
+        **({"the same, the Python group's all_reduce": lambda: alone._allreduce_python([t], opts).wait()}
+           if LEAN is not None else {}),
+        "mpi group over COMM_SELF: torch.distributed.all_reduce, 8 B": lambda: dist.all_reduce(t, group=alone),
     }
     got = _time_rows(fns, {k: args.iters for k in fns}, args.blocks, args.warmup, lambda: None)
     dist.destroy_process_group()
@@ -280,7 +290,8 @@ def main() -> None:
         "dist-ag/on": "torch.distributed.all_gather_single (the general path), recording + watchdog on",
         "dist/on": "torch.distributed.all_reduce, recording + watchdog on",
         "dist/off": "torch.distributed.all_reduce, recording + watchdog off",
-        "dist/py": "torch.distributed.all_reduce, recording + watchdog on, recorded in Python (not compiled)",
+        "dist/group-py": "torch.distributed.all_reduce, recording + watchdog on, the Python group's all_reduce",
+        "dist/py": "torch.distributed.all_reduce, recording + watchdog on, nothing compiled (Python group, Python record)",
         "ddp/on": "DDP training step, recording + watchdog on", "ddp/off": "DDP training step, recording + watchdog off",
     }  # fmt: skip
     sizes = {"8": "8 B", "16M": "16 MiB", "step": "MLP, 19 k parameters"}

@@ -30,7 +30,6 @@ profile asks.
 from __future__ import annotations
 
 import dis
-import hashlib
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ from typing import Any, Optional
 import torch
 
 from .. import codec, settings
+from .._compiled import load
 
 __all__ = ["Recorder", "RECORDER", "as_dict", "set_trace"]
 
@@ -267,22 +267,11 @@ RECORDER = _from_env()
 
 def _compiled() -> Any:
     """The compiled per-call path (``polydist.collectives._record``, built by setup.py where a C compiler is
-    found), configured; None where it was not built, or was built from another version of ``_record.c`` than
-    the one beside it (a source checkout not rebuilt: ``pip install -e .`` rebuilds it), which is said once."""
-    try:
-        from . import _record
-    except ImportError:
-        return None
-    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_record.c")
-    if os.path.exists(source):  # a source tree (an installed wheel has no source)
-        with open(source, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
-        if digest != _record.SOURCE:
-            print(f"polydist: {_record.__file__} was built from another version of {source}; the flight recorder "
-                  "runs in Python until it is rebuilt (pip install -e .)", file=sys.stderr)  # fmt: skip
-            return None
-    _record.configure(torch.Tensor, _MANY, _tensors, _classify, STARTED, COMPLETED, Recorder, torch.Size)
-    return _record
+    found), configured; None where it was not built or is older than ``_record.c`` (:func:`polydist._compiled.load`)."""
+    module = load(__package__, "_record", "_record.c")
+    if module is not None:
+        module.configure(torch.Tensor, _MANY, _tensors, _classify, STARTED, COMPLETED, Recorder, torch.Size)
+    return module
 
 
 COMPILED = _compiled()

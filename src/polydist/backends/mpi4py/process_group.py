@@ -54,6 +54,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ..._compiled import load
 from ...errors import InvalidArgumentError
 from . import _mpi
 from ...collectives.recorder import RECORDER
@@ -62,10 +63,31 @@ from ..tensors import Contiguous, apart, own_slot
 from ..watchdog import WATCHDOG
 from ..work import LaneWork, StatusRequest, profiling, request_work, run_recorded
 
-__all__ = ["MPIProcessGroup"]
+__all__ = ["MPIProcessGroup", "LEAN"]
+
+# The compiled torch-level all_reduce (_lean.cpp, built by setup.py against the installed torch), or None: the
+# group is then the Python group alone, whose allreduce takes the same path in Python.
+LEAN = load(__package__, "_lean", "_lean.cpp")
+_lean_configured = False
 
 
-class MPIProcessGroup(PythonProcessGroup):
+def _lean_configure() -> None:
+    """Give the compiled all_reduce the MPI library's ``MPI_Allreduce`` (its address, found through mpi4py's own
+    module, which links the library), the size of MPI's handles, ``MPI_IN_PLACE``, and the objects it consults."""
+    import ctypes
+
+    MPI = _mpi.mpi()
+    address = ctypes.cast(ctypes.CDLL(MPI.__file__).MPI_Allreduce, ctypes.c_void_p).value
+    LEAN.configure(RECORDER, WATCHDOG, run_recorded, profiling, MPI.Exception, address, MPI._sizeof(MPI.COMM_WORLD),
+                   int(MPI.IN_PLACE))  # fmt: skip
+
+
+def _handle(obj: Any) -> int:
+    """An mpi4py object's MPI handle as an unsigned 64-bit word (mpi4py gives MPICH's as Python ints of either sign)."""
+    return obj.handle & 0xFFFFFFFFFFFFFFFF
+
+
+class MPIProcessGroup(PythonProcessGroup, *(() if LEAN is None else (LEAN.LeanGroup,))):
     """A ``torch.distributed`` process group over an MPI communicator.
 
     Created by torch.distributed (``init_process_group("mpi4py")`` or, on
@@ -85,6 +107,12 @@ class MPIProcessGroup(PythonProcessGroup):
     def __init__(self, comm: Any, rank: int, size: int, backend: str = _mpi.BACKEND_NAME) -> None:
         super().__init__(rank, size, backend)
         self.comm = comm
+        if LEAN is not None:
+            global _lean_configured
+            if not _lean_configured:
+                _lean_configure()
+                _lean_configured = True
+            self._lean_setup(_handle(comm), size)
 
     def __repr__(self) -> str:
         return f"<MPIProcessGroup {self._backend} rank={self._rank} size={self._size}>"
@@ -114,7 +142,7 @@ class MPIProcessGroup(PythonProcessGroup):
             return t
         return super().allreduce_tensor(t, op)
 
-    def allreduce(self, tensors: list, opts: Any = None) -> LaneWork:
+    def _allreduce_python(self, tensors: list, opts: Any = None) -> LaneWork:
         """torch's ``all_reduce``. The common blocking call — one contiguous CPU tensor of a (dtype, op) the
         group has reduced before, nothing queued, no profiler — is the MPI call on the caller's thread and
         the group's completed handle (:class:`~polydist.backends.work.DoneWork`), which
@@ -126,6 +154,11 @@ class MPIProcessGroup(PythonProcessGroup):
                 self._lean_allreduce(t, plan)
                 return self._lane.done.completed(tensors)
         return super().allreduce(tensors, opts)
+
+    # torch's all_reduce, compiled where built (LeanGroup.allreduce: the same path, calling _allreduce_python for
+    # any call but the common blocking one), else the Python one. The class's own entry: reading the attribute
+    # would unwrap it into a function that does not bind self.
+    allreduce = _allreduce_python if LEAN is None else vars(LEAN.LeanGroup)["allreduce"]
 
     def _lean_allreduce(self, t: torch.Tensor, plan: tuple) -> None:
         """All-reduce contiguous CPU ``t`` in place by its learnt ``plan`` (recorded, watched), on this thread."""
@@ -145,12 +178,15 @@ class MPIProcessGroup(PythonProcessGroup):
 
     def _reduce_plan(self, t: torch.Tensor, op: Any) -> tuple:
         """``(op name, MPI op, wide dtype or None)``; learns the lean path's plan for an op given by name or
-        by torch's ``ReduceOp`` (keyed by its ``RedOpType``)."""
+        by torch's ``ReduceOp`` (keyed by its ``RedOpType``; its records name the op as torch does, "BAND", as
+        the lane's path records torch's calls)."""
         setup = _mpi.reduce_setup(t, op)
         kind = getattr(op, "op", None)  # torch's ReduceOp: its RedOpType
         if setup[2] is None and t.dtype in _mpi.REDUCE_TYPES and (isinstance(op, str) or kind is not None):
-            key = op if isinstance(op, str) else kind.value
-            _mpi.PLANS[(t.dtype, key)] = (_mpi.REDUCE_TYPES[t.dtype], setup[1], setup[0] == "AVG", setup[0])
+            key, name = (op, setup[0]) if isinstance(op, str) else (kind.value, kind.name)
+            _mpi.PLANS[(t.dtype, key)] = plan = (_mpi.REDUCE_TYPES[t.dtype], setup[1], setup[0] == "AVG", name)
+            if LEAN is not None and kind is not None:
+                LEAN.learn(t.dtype, key, _handle(plan[0]), _handle(plan[1]), plan[2], plan[3])
         return setup
 
     def _reduce_now(self, c: torch.Tensor, plan: tuple) -> None:

@@ -1,0 +1,31 @@
+"""polydist's optional compiled modules (built by setup.py), used only where built from the source beside them."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import sys
+from typing import Any
+
+__all__ = ["load"]
+
+
+def load(package: str, name: str, source: str) -> Any:
+    """Module ``package.name``, or None where it was not built (or cannot load here, e.g. built for another torch)
+    or was built from another version of ``source`` (a file beside it) than the one there: a source checkout not
+    rebuilt (``pip install -e .`` rebuilds it), which is said once on stderr. Each module's ``SOURCE`` is the
+    SHA-256 of the source it was built from (setup.py)."""
+    try:
+        module = importlib.import_module(f"{package}.{name}")
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(os.path.abspath(module.__file__)), source)
+    if os.path.exists(path):  # a source tree (an installed wheel has no source)
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        if digest != module.SOURCE:
+            print(f"polydist: {module.__file__} was built from another version of {path}; polydist runs its Python "
+                  "version until it is rebuilt (pip install -e .)", file=sys.stderr)  # fmt: skip
+            return None
+    return module
