@@ -9,7 +9,11 @@ for torch's ``"mpi"`` backend where the wheel has none
 (:func:`polydist.backends.mpi4py.provide_torch_mpi`). Whatever calls a
 process group runs on it: the ``torch.distributed`` functions (by method name,
 in Python), DistributedDataParallel's reducer (from C++, through PyTorch's
-pybind trampoline) and polydist's collectives.
+pybind trampoline) and polydist's collectives. ``torch.distributed.all_reduce``'s
+common blocking call is compiled where ``_lean.cpp`` was built (:data:`LEAN`):
+the group is then also a ``LeanGroup``, whose C++ ``allreduce`` records, watches
+and calls ``MPI_Allreduce`` without the interpreter and leaves every other call
+to the Python one (``_allreduce_python``).
 
 How operations map onto MPI:
 
@@ -107,7 +111,7 @@ class MPIProcessGroup(PythonProcessGroup, *(() if LEAN is None else (LEAN.LeanGr
     def __init__(self, comm: Any, rank: int, size: int, backend: str = _mpi.BACKEND_NAME) -> None:
         super().__init__(rank, size, backend)
         self.comm = comm
-        if LEAN is not None:
+        if LEAN is not None and comm is not None:  # None: a group built for its checks alone (unit tests)
             global _lean_configured
             if not _lean_configured:
                 _lean_configure()
