@@ -50,6 +50,13 @@ def _run(mode: str, cli_env, tmp_path, *, launcher: str = "mpiexec", timeout_s: 
     return job.returncode, out, (ended - waiting[0]) if waiting else None
 
 
+def _tagged(out: str, tag: str) -> list:
+    """The JSON values rank 0 printed after ``tag``. mpiexec merges the ranks' output by writes, not lines: the other
+    rank's text ("rank 1 finished", whose newline print writes apart) may come before or after one on its line."""
+    first = json.JSONDecoder().raw_decode
+    return [first(line[line.index(tag) + len(tag):])[0] for line in out.splitlines() if tag in line]
+
+
 def _trace(tmp_path) -> str:
     done = subprocess.run([sys.executable, "-m", "polydist", "trace", str(tmp_path / "trace")],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -83,9 +90,7 @@ def test_each_operation_recorded_once_and_profiled_without_false_alarm(cli_env, 
     Rank 0 first waits 2 s (longer than the watchdog's check interval, shorter than the 4 s timeout)."""
     code, out, _ = _run("once", cli_env, tmp_path, timeout_s=4, busy_s=2)
     assert code == 0 and "watchdog" not in out, out
-    first = json.JSONDecoder().raw_decode  # the other rank's output may follow on the same line
-    records = [first(line[7:])[0] for line in out.splitlines() if line.startswith("RECORD ")]
-    rows = [first(line[4:])[0] for line in out.splitlines() if line.startswith("ROW ")]
+    records, rows = _tagged(out, "RECORD "), _tagged(out, "ROW ")
     [send] = [r for r in records if r["collective"] == "send"]  # point-to-point: recorded, not numbered
     assert send["seq"] is None and send["shapes"] == [[3]] and send["state"] == "completed", records
     seqs = [r["seq"] for r in records if r["seq"] is not None]
