@@ -10,7 +10,7 @@
 // recorder's run_recorded, polydist/collectives/_record.c) and calls the MPI library's MPI_Allreduce, whose address
 // and handles mpi4py gives (so any MPI ABI: int handles as MPICH's, pointers as Open MPI's), the GIL released while
 // MPI runs. Anything else is the Python group's own allreduce (_allreduce_python), unchanged.
-// tests/backends/mpi4py/test_lean.py holds both to the same results, records and errors.
+// tests/backends/mpi4py/test_lean.py holds both to the same results and records, and checks the error path.
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
 #include <torch/csrc/Dtype.h>
@@ -37,8 +37,9 @@ struct Plan {
 constexpr int kTypes = 64, kOps = 16;
 Plan plans[kTypes][kOps];
 
-// MPI handles are passed as unsigned words (mpi4py's .handle, masked to 64 bits): MPICH's are 32-bit ints, cut
-// back to int at the call. configure(): the MPI library's MPI_Allreduce and MPI_IN_PLACE, and the Python objects the fast path consults.
+// configure(): the MPI library's MPI_Allreduce and MPI_IN_PLACE, and the Python objects the fast path consults.
+// MPI handles come as unsigned words (mpi4py's .handle, masked to 64 bits); MPICH's, 32-bit ints, are cut back to
+// int at the call.
 using AllreduceInt = int (*)(const void*, void*, int, int, int, int);  // MPICH's ABI: handles are ints
 using AllreducePtr = int (*)(const void*, void*, int, void*, void*, void*);  // Open MPI's, the standard ABI's
 void* mpi_allreduce = nullptr;
@@ -128,7 +129,7 @@ class LeanGroup : public c10d::PyProcessGroup {
   // ``x``: the tensor as a Python object; ``list``: the caller's list of it, or nullptr.
   PyObject* lean(PyObject* self, PyObject* x, PyObject* list, const at::Tensor& t, const c10d::AllreduceOptions& opts) {
     if (!enabled || opts.asyncOp || comm == 0 || !t.defined() || t.layout() != c10::kStrided || !t.device().is_cpu() ||
-        !t.is_contiguous())
+        !t.is_contiguous() || t.numel() > INT32_MAX)  // MPI's count is an int: mpi4py's large-count calls take more
       return nullptr;
     int type = static_cast<int>(t.scalar_type()), kind = static_cast<int>(opts.reduceOp.op_);
     if (type >= kTypes || kind >= kOps || plans[type][kind].name == nullptr)
@@ -147,13 +148,8 @@ class LeanGroup : public c10d::PyProcessGroup {
     Py_DECREF(on);
     if (busy != 0)
       return nullptr;
-    PyObject* outer = PyObject_GetAttr(recorder, s_outer);  // a polydist call's record open: its own path records
-    if (outer == nullptr)
-      return nullptr;
-    Py_DECREF(outer);
-    if (outer != Py_None)
-      return nullptr;
-    if (t.numel() > INT32_MAX)  // MPI's count is an int: the lane's path splits what does not fit
+    py::object outer = py::reinterpret_steal<py::object>(PyObject_GetAttr(recorder, s_outer));
+    if (!outer || !outer.is_none())  // a polydist call's record open: the Python path adopts it
       return nullptr;
 
     // The group's sequence number, the same count on every member whoever called (python_group's _seq).
