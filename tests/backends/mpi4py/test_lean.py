@@ -18,7 +18,9 @@ import torch.distributed as dist
 
 from conftest import _mpi_missing
 
-pytestmark = [pytest.mark.timeout(150), pytest.mark.skipif(bool(_mpi_missing()), reason=_mpi_missing() or "-")]
+# mpi_smoke: also run under Open MPI (pointer handles) and Intel MPI by test_mpi_runtimes.py
+pytestmark = [pytest.mark.timeout(150), pytest.mark.mpi_smoke,
+              pytest.mark.skipif(bool(_mpi_missing()), reason=_mpi_missing() or "-")]  # fmt: skip
 
 
 def test_the_compiled_all_reduce_is_built_where_a_cxx_compiler_is():
@@ -194,16 +196,19 @@ def _failing_transport():
     t = torch.ones(2)
     group._allreduce_python([t], opts)  # learns the plan of (float32, SUM)
     seen, code = [], [0]
+    size = MPI._sizeof(MPI.COMM_SELF)  # this MPI's handles: ints (MPICH) or pointers (Open MPI)
+    handle, mask = (ctypes.c_int, 0xFFFFFFFF) if size == 4 else (ctypes.c_void_p, 0xFFFFFFFFFFFFFFFF)
 
-    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                      ctypes.c_int)  # fmt: skip
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, handle, handle, handle)
     def stand_in(send, buffer, count, datatype, op, comm):
         current = group._lane.current
-        seen.append((current is not None and as_dict(current)["state"], count, comm == pg._handle(MPI.COMM_SELF) & 0xFFFFFFFF))
+        mine = ((comm or 0) & mask) == (pg._handle(MPI.COMM_SELF) & mask)
+        seen.append((current is not None and as_dict(current)["state"], count, mine))
         return code[0]
 
     address = ctypes.cast(stand_in, ctypes.c_void_p).value
-    pg.LEAN.configure(RECORDER, pg.WATCHDOG, pg.run_recorded, pg.profiling, MPI.Exception, address, 4, int(MPI.IN_PLACE))
+    pg.LEAN.configure(RECORDER, pg.WATCHDOG, pg.run_recorded, pg.profiling, MPI.Exception, address, size,
+                      int(MPI.IN_PLACE))  # fmt: skip
     try:
         group.allreduce([t], opts).wait()
         ok = as_dict(RECORDER.slots[(RECORDER.count - 1) % RECORDER.size])

@@ -20,8 +20,9 @@ from _world import mpi_flavor
 from conftest import ROOT
 
 RUNTIMES = {"openmpi": "Open MPI", "impi": "Intel MPI"}
-SMOKE_FILES = ["tests/backends/mpi4py/test_mpi.py", "tests/launch/test_environment.py", "tests/training/test_main_job.py"]
-SMOKE_TESTS = 10  # the tests marked mpi_smoke in SMOKE_FILES: all of them must pass, none skip
+SMOKE_FILES = ["tests/backends/mpi4py/test_mpi.py", "tests/backends/mpi4py/test_lean.py", "tests/launch/test_environment.py",
+               "tests/training/test_main_job.py"]  # fmt: skip
+SMOKE_TESTS = 14  # the tests marked mpi_smoke in SMOKE_FILES: all of them must pass, none skip
 
 
 @pytest.mark.timeout(480)
