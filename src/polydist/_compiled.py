@@ -14,7 +14,7 @@ __all__ = ["load"]
 def load(package: str, name: str, source: str) -> Any:
     """Module ``package.name``, or None where it was not built (or cannot load here, e.g. built for another torch)
     or was built from another version of ``source`` (a file beside it) than the one there: a source checkout not
-    rebuilt (``pip install -e .`` rebuilds it), which is said once on stderr. Each module's ``SOURCE`` is the
+    rebuilt (``pip install --no-build-isolation -e .`` rebuilds it), which is said once on stderr. Each module's ``SOURCE`` is the
     SHA-256 of the source it was built from (setup.py)."""
     try:
         module = importlib.import_module(f"{package}.{name}")
@@ -26,6 +26,6 @@ def load(package: str, name: str, source: str) -> Any:
             digest = hashlib.sha256(f.read()).hexdigest()
         if digest != module.SOURCE:
             print(f"polydist: {module.__file__} was built from another version of {path}; polydist runs its Python "
-                  "version until it is rebuilt (pip install -e .)", file=sys.stderr)  # fmt: skip
+                  "version until it is rebuilt (pip install --no-build-isolation -e .)", file=sys.stderr)  # fmt: skip
             return None
     return module

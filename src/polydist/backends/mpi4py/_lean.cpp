@@ -229,9 +229,8 @@ PYBIND11_MODULE(_lean, m) {
   std::string running = py::module_::import("torch").attr("__version__").cast<std::string>();
   if (running.rfind(built, 0) != 0)
     throw py::import_error("polydist.backends.mpi4py._lean was built for torch " + built + ", this is torch " +
-                           running + ": rebuild it (pip install -e .)");
+                           running + ": rebuild it (pip install --no-build-isolation -e .)");
   m.attr("SOURCE") = POLYDIST_LEAN_SOURCE;
-  m.attr("TORCH") = built;
   s_pending = intern("pending");
   s_outer = intern("outer");
   s_on = intern("on");
@@ -281,13 +280,6 @@ PYBIND11_MODULE(_lean, m) {
       },
       "learn(dtype, RedOpType value, MPI datatype handle, MPI op handle, AVG, op name): the fast path's plan");
   m.def("use", [](bool on) { enabled = on; }, "use(False): every call takes the Python group's allreduce");
-  m.def("forget", [] {
-    for (auto& row : plans)
-      for (auto& plan : row) {
-        Py_CLEAR(plan.name);
-        plan = Plan{};
-      }
-  }, "forget(): every plan learnt (tests)");
 
   // The metaclass of torch's ProcessGroup (torch's own, not pybind's default): a Python class derives from both.
   py::handle meta = py::type::of(py::module_::import("torch._C._distributed_c10d").attr("ProcessGroup"));

@@ -53,6 +53,7 @@ How operations map onto MPI:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -72,9 +73,9 @@ __all__ = ["MPIProcessGroup", "LEAN"]
 # The compiled torch-level all_reduce (_lean.cpp, built by setup.py against the installed torch), or None: the
 # group is then the Python group alone, whose allreduce takes the same path in Python.
 LEAN = load(__package__, "_lean", "_lean.cpp")
-_lean_configured = False
 
 
+@functools.cache  # once per process, at the first group's creation (MPI has started then)
 def _lean_configure() -> None:
     """Give the compiled all_reduce the MPI library's ``MPI_Allreduce`` (its address, found through mpi4py's own
     module, which links the library), the size of MPI's handles, ``MPI_IN_PLACE``, and the objects it consults."""
@@ -112,10 +113,7 @@ class MPIProcessGroup(PythonProcessGroup, *(() if LEAN is None else (LEAN.LeanGr
         super().__init__(rank, size, backend)
         self.comm = comm
         if LEAN is not None and comm is not None:  # None: a group built for its checks alone (unit tests)
-            global _lean_configured
-            if not _lean_configured:
-                _lean_configure()
-                _lean_configured = True
+            _lean_configure()
             self._lean_setup(_handle(comm), size)
 
     def __repr__(self) -> str:
