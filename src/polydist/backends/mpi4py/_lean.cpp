@@ -292,5 +292,11 @@ PYBIND11_MODULE(_lean, m) {
   // Not .def: that would chain it after torch's own allreduce overloads, which pybind tries first.
   group.attr("allreduce") = py::cpp_function(
       &allreduce_py, py::name("allreduce"), py::is_method(group), py::arg("tensors"), py::arg("opts") = py::none(),
-      "torch's all_reduce: the compiled path for the common blocking call, else _allreduce_python");
+      "allreduce(tensors, opts=None) -> Work: torch's all_reduce (torch.distributed.all_reduce calls it), each tensor\n"
+      "reduced in place on every rank by opts.reduceOp. tensors: a list of CPU tensors; the common blocking call (one\n"
+      "contiguous tensor of a dtype and op the group has reduced before, opts.asyncOp False) is reduced by\n"
+      "MPI_Allreduce on this thread, recorded and watched, and returns the group's completed handle; any other call is\n"
+      "_allreduce_python's. Errors as that method's: InvalidArgumentError for a CUDA tensor, TypeError for an op\n"
+      "undefined on the dtype (raised before anything is sent); mpi4py.MPI.Exception for an MPI error, raised here\n"
+      "by the common call, by wait() otherwise.");
 }

@@ -106,7 +106,8 @@ class MPIProcessGroup(PythonProcessGroup, *(() if LEAN is None else (LEAN.LeanGr
     group: :class:`~polydist.backends.python_group.PythonProcessGroup`);
     ``TypeError`` for an op undefined on a dtype (the same table as
     polydist's collectives, :func:`polydist.ops.check_op_dtype`), both raised
-    by the call; MPI errors (``mpi4py.MPI.Exception``) are raised by ``wait()``.
+    by the call; MPI errors (``mpi4py.MPI.Exception``) are raised by ``wait()``,
+    or by the call itself where a blocking all_reduce ran on the caller's thread.
     """
 
     def __init__(self, comm: Any, rank: int, size: int, backend: str = _mpi.BACKEND_NAME) -> None:
