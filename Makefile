@@ -1,13 +1,14 @@
 # Two commands set up a fresh machine: `make demo` (the main job) and `make test`.
 # Both create .venv, install torch==2.13.0 first (the CPU build; any other torch
-# request would pull several GB of CUDA packages), then polydist with its extras.
+# request would pull several GB of CUDA packages), then polydist with its extras
+# (ft: torchft, for polydist run --fault-tolerant).
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy test-slurm test-system clean
+.PHONY: demo test test-ft fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy test-slurm test-system clean
 
 setup: $(STAMP)
 
@@ -16,7 +17,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml setup.py src/polydist/collectives/_record.c src/polydist/backends/mpi4py/_lean.cpp  # reinstalled (rebuilt) when a compiled source changes
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0 "setuptools>=68"
-	$(BIN)/python -m pip install --quiet --no-build-isolation -e ".[examples,test]"
+	$(BIN)/python -m pip install --quiet --no-build-isolation -e ".[examples,test,ft]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -26,7 +27,13 @@ demo: $(STAMP)
 # it prints its 25 slowest tests. What belongs in it, and the heavier targets below: docs/contributing.md.
 # The library and its launch paths (about 12 minutes on 2 cores): every test but the system tests and the engines.
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not engines and not system" --durations=25
+	$(BIN)/python -m pytest -m "not engines and not system and not ft" --durations=25
+
+# The fault-tolerance suite (marker ft; about 2 minutes on 2 cores): whole polydist run --fault-tolerant jobs that lose
+# a replica group (SIGKILL, an exception, SIGSTOP, a hang) and go on. make test runs the adapter's and the report's
+# unit tests; make test-system runs the kill and the hang (marked system too).
+test-ft: $(STAMP) $(VENV)/mpi/openmpi/.installed
+	$(BIN)/python -m pytest -p no:cacheprovider -m ft --durations=10
 
 # The system tests (tests/conftest.py SYSTEM_FILES, about 20 minutes on 2 cores): whole programs under a launcher
 # (the main job, the examples and tutorials, restarts, checkpoint and resume, fault scenarios read by polydist trace,

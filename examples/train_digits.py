@@ -199,6 +199,45 @@ def train_epoch_ddp(model: nn.Module, optimizer: torch.optim.Optimizer, loader: 
     return pdist.all_reduce(loss_sum, op="SUM") / pdist.all_reduce(count, op="SUM")
 
 
+def train_fault_tolerant(
+    ft: pdist.FaultTolerance, model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+    args: argparse.Namespace, bar: tqdm,
+) -> float:
+    """Every epoch under ``polydist run --fault-tolerant``, step by step; returns the last epoch's mean loss
+    on this replica group.
+
+    Each replica group trains on its strided shard of the epoch's permutation
+    (``perm[rank::ranks]``, as the ranks of the plain loop do), and the batch
+    of a step is a function of the job's committed step ``ft.step``: a step
+    discarded after a fault is redone with the same data, and a replacement,
+    which receives the step with the live state, goes on with the others.
+    ``auto_model``'s DDP averages the gradients over the replica groups that
+    take part in the step (fewer while one is down: the global batch shrinks).
+    """
+    n, ranks = len(x), ft.world_size
+    steps_per_epoch, local = math.ceil(n / args.batch_size), args.batch_size // ranks
+    total, shard_epoch, shard = args.epochs * steps_per_epoch, -1, x[:0]
+    loss_sum, seen, last = 0.0, 0, float("nan")
+    model.train()
+    while ft.step < total:
+        epoch, step = divmod(ft.step, steps_per_epoch)
+        if epoch != shard_epoch:
+            if seen:  # an epoch ended on this replica group: its mean loss, for the bar
+                last, loss_sum, seen = loss_sum / seen, 0.0, 0
+                bar.update(epoch - max(shard_epoch, 0))
+                bar.set_postfix(loss=f"{last:.4f}")
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed + epoch))
+            shard_epoch, shard = epoch, perm[ft.rank :: ranks]
+        idx = shard[step * local : (step + 1) * local]
+        optimizer.zero_grad()  # starts the step's quorum
+        loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum") / max(len(idx), 1)
+        loss.backward()  # gradients averaged over the replica groups of the quorum
+        optimizer.step()  # applied only when every live replica group committed the step
+        loss_sum, seen = loss_sum + loss.item() * len(idx), seen + len(idx)
+    bar.update(args.epochs - bar.n)
+    return loss_sum / seen if seen else last
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """Accuracy on (x, y), each rank scoring its strided shard of the samples."""
@@ -239,10 +278,15 @@ def resume_or_start(
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     pdist.initialize(args.backend)
-    world, main_rank = pdist.get_world_size(), pdist.is_main_process()
-    if args.batch_size % world:
+    ft = pdist.fault_tolerance()  # under polydist run --fault-tolerant: this replica group's part, else None
+    if ft is not None and (args.checkpoint or args.fsdp):
+        raise ValueError("under --fault-tolerant a replacement receives the live state: no --checkpoint, no --fsdp")
+    args.helpers = args.helpers or ft is not None
+    world, main_rank = pdist.get_world_size(), pdist.is_main_process() and (ft is None or ft.replica_group == 0)
+    ranks = world if ft is None else ft.world_size  # the global batch is split over every rank of the job
+    if args.batch_size % ranks:
         raise ValueError(
-            f"--batch-size {args.batch_size} is not divisible by the world size {world}: "
+            f"--batch-size {args.batch_size} is not divisible by the {ranks} ranks: "
             "the global batch is split evenly over the ranks"
         )
     device = pdist.device()
@@ -265,7 +309,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         optimizer = pdist.auto_optim(optimizer)
     checkpointer, start_epoch, restarts = resume_or_start(args, net, optimizer)
     resume = checkpointer is not None and (args.resume or restarts > 0)
-    if args.helpers:
+    if args.helpers and ft is None:
         loader = pdist.auto_dataloader(
             TensorDataset(x_train, y_train), batch_size=args.batch_size, shuffle=True, seed=args.seed
         )
@@ -273,9 +317,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if main_rank:
         print(
-            f"world size {world}, backend {pdist.backend() or 'none (serial)'}, device {device}; "
+            (f"world size {world}" if ft is None else f"{ft.num_replica_groups} fault-tolerant replica groups")
+            + f", backend {pdist.backend() or 'none (serial)'}, device {device}; "
             f"{len(x_train)} train / {len(x_test)} test samples, "
-            f"batch {args.batch_size} global = {args.batch_size // world} per rank"
+            f"batch {args.batch_size} global = {args.batch_size // ranks} per rank"
             + ("; DistributedDataParallel (--ddp)" if args.ddp else "; FSDP2 fully_shard (--fsdp)" if args.fsdp else "")
             + (f"; restart {restarts}" if restarts else "")
         )
@@ -295,7 +340,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         disable=None if main_rank else True, file=sys.stdout,
     )
     loss = float("nan")
-    for epoch in bar:
+    if ft is not None:
+        loss = train_fault_tolerant(ft, model, optimizer, x_train, y_train, args, bar)
+    for epoch in bar if ft is None else ():
         if args.helpers:
             loss = train_epoch_ddp(model, optimizer, loader)
         else:
@@ -314,7 +361,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if main_rank:
         print(f"wall time: {wall:.1f} s")
         print(f"final test accuracy: {accuracy:.4f}")
-        if identical:
+        if ft is not None:  # one rank per replica group: polydist run compares the replica groups' states
+            print(f"step {ft.step} reached; polydist run compares the {ft.num_replica_groups} replica groups' states")
+        elif identical:
             print(f"parameters identical on all {world} ranks")
         else:
             print(f"ERROR: parameters differ across the {world} ranks (max abs difference {diff:.3g})", file=sys.stderr)

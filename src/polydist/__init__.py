@@ -26,6 +26,7 @@ from .helpers import one_rank_first, one_rank_only
 from .launch import Parallel, spawn
 from .launch.environment import restart_count
 from .checkpoint import Checkpointer
+from .ft import FaultTolerance, fault_tolerance
 from .settings import is_debug, set_allow_pickle, set_debug
 from .collectives.recorder import set_trace
 from .trace.dump import dump_trace
@@ -46,6 +47,7 @@ __all__ = [
     "has_native_dist_support", "has_xla_support", "has_hvd_support",
     "spawn", "Parallel", "restart_count",  # launching
     "Checkpointer",  # checkpoints that restarted jobs resume from
+    "fault_tolerance", "FaultTolerance",  # jobs that survive a lost replica group (polydist run --fault-tolerant)
     "all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter",  # collectives
     "all_to_all", "all_gather_tensors_with_shapes", "barrier", "send", "recv", "isend", "irecv", "Work", "new_group",
     "NON_GROUP_MEMBER",

@@ -10,7 +10,7 @@ itself, and what runs when, and in what order, is read here.
 
 from __future__ import annotations
 
-from . import context
+from . import context, ft
 from .backends import registry
 from .backends.mpi4py import job as mpi_job
 from .collectives import debug, timeouts
@@ -34,9 +34,13 @@ def wire() -> None:
     context.on_world_made.append(dump.install_signal_handlers)
     # at the end of initialize(), where every rank is: polydist run --profile-comms
     context.on_initialized.append(profile.start_session)
+    # then, under polydist run --fault-tolerant: this replica group joins the job (torchft's manager)
+    context.on_initialized.append(ft.start)
     # in finalize(), while the group lives, in this order: debug mode's leaving check, then the profile's table
     context.on_finalize.append(debug.check_leaving)
     context.on_finalize.append(profile.end_session)
+    # and last, under --fault-tolerant: how this replica group ended, for the launcher's report
+    context.on_finalize.append(ft.stop)
     # while finalize waits for the other ranks: MPI's progress, which a peer still in a collective may need
     context.while_leaving.append(mpi_job.progress)
     # a collective timed out: its dump, named in the error's notes

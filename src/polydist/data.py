@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
+from . import ft
 from .backends import registry
 from .context import backend, device, get_nproc_per_node, get_rank, get_world_size, require_group
 
@@ -210,6 +211,14 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
     for bad arguments; :class:`polydist.NotInitializedError` when launched on
     several ranks without a process group.
 
+    Under ``polydist run --fault-tolerant`` (see :mod:`polydist.ft`) the
+    rules above apply to the whole job's ranks, not to the replica group's:
+    W is :attr:`~polydist.FaultTolerance.world_size` and each replica group
+    takes its own shard (rank :attr:`~polydist.FaultTolerance.rank`), so
+    ``batch_size`` stays the job's global batch; while a replica group is
+    down, its shard of those steps is not trained on (the global batch
+    shrinks).
+
     Source: idist ``auto_dataloader``. Differences: epochs advance without
     ``set_epoch``; ``seed``; a batch_size below W gives 1 per rank instead of
     W times the intended global batch; persistent workers only with workers
@@ -219,11 +228,13 @@ def auto_dataloader(dataset: Dataset, *, seed: Optional[int] = None, **kwargs: A
     lifecycle = registry.get(backend()).lifecycle
     if lifecycle.pin_memory_refused is not None and kwargs.get("pin_memory"):
         warnings.warn(lifecycle.pin_memory_refused, stacklevel=2)
-    return lifecycle.wrap_loader(_loader(dataset, seed, kwargs, world), world)
+    session = ft.fault_tolerance()
+    if session is not None:  # every replica group takes its own shard: the job's ranks, not the replica group's
+        return _loader(dataset, seed, kwargs, session.world_size, session.rank)
+    return lifecycle.wrap_loader(_loader(dataset, seed, kwargs, world, get_rank()), world)
 
 
-def _loader(dataset: Dataset, seed: Optional[int], kwargs: dict, world: int) -> DataLoader:
-    rank = get_rank()
+def _loader(dataset: Dataset, seed: Optional[int], kwargs: dict, world: int, rank: int) -> DataLoader:
     if world > 1:
         if kwargs.get("batch_size") is not None and "batch_sampler" not in kwargs:
             kwargs["batch_size"] = _per_rank_batch(kwargs["batch_size"], world)

@@ -35,6 +35,10 @@ __all__ = [
     "PROFILE_COMMS",
     "RESTART_COUNT",
     "FROZEN_AFTER",
+    "FAULT_TOLERANT",
+    "FT_EVENTS",
+    "FT_START",
+    "FT_MIN_REPLICAS",
     "set_debug",
     "is_debug",
     "set_allow_pickle",
@@ -123,6 +127,10 @@ FROZEN_AFTER = Variable(
     "POLYDIST_FROZEN_AFTER", _seconds_or_off, 10.0,
     "polydist's launchers end a job whose worker stays stopped (state T/t) this many seconds; 0: off",
 )
+FAULT_TOLERANT = Variable("POLYDIST_FAULT_TOLERANT", _flag, False, "set by polydist run --fault-tolerant: survive lost replica groups")
+FT_EVENTS = Variable("POLYDIST_FT_EVENTS", _text, None, "set by polydist run --fault-tolerant: where faults and recoveries are logged")
+FT_START = Variable("POLYDIST_FT_START", _text, None, "set by polydist run --fault-tolerant: HOST:PORT where replica groups meet before step 0")
+FT_MIN_REPLICAS = Variable("POLYDIST_FT_MIN_REPLICAS", _count, 1, "polydist run --min-replicas: fewest replica groups a step commits with")
 
 
 class _Switch:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import fsdp
+from . import fsdp, ft
 from .data import DistributedProxySampler, auto_dataloader
 from .collectives.broadcast import broadcast
 from .backends import registry
@@ -108,6 +108,14 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
       torch_xla's ``broadcast_master_param``, which idist omits) and the
       optimizer from :func:`auto_optim` averages the gradients.
 
+    * Under ``polydist run --fault-tolerant`` (see :mod:`polydist.ft`): the
+      model, on its device, is wrapped in torchft's ``DistributedDataParallel``
+      with polydist's comm hook: its backward averages the gradients over the
+      replica groups taking part in the step (without blocking backward), and
+      its state is what a recovering replica group receives. Replica groups
+      of one process only; ``use_fsdp`` and ``sync_bn`` raise ``ValueError``
+      there (not supported yet).
+
     Source: idist ``auto_model``. Differences: no ``DataParallel`` when serial
     with several GPUs (PyTorch recommends DDP over it, and it would change
     the state_dict keys), user ``device_ids`` are honoured instead of raising
@@ -120,6 +128,9 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
         raise ValueError("auto_model: sync_bn=True and use_fsdp=True do not go together (FSDP2 shards, SyncBatchNorm needs DDP)")
     dev = device()
     model.to(dev)
+    session = ft.fault_tolerance()
+    if session is not None:
+        return _fault_tolerant_model(session, model, use_fsdp or sync_bn, ddp_kwargs)
     if not _distributed() or isinstance(model, DistributedDataParallel):
         return model
     if use_fsdp:
@@ -141,6 +152,23 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
         ddp_kwargs.setdefault("device_ids", [dev.index])
         ddp_kwargs.setdefault("output_device", dev.index)
     return DistributedDataParallel(model, **ddp_kwargs)
+
+
+def _fault_tolerant_model(session: Any, model: nn.Module, sharded_or_sync: bool, ddp_kwargs: dict) -> nn.Module:
+    """``auto_model`` under ``polydist run --fault-tolerant``: torchft's DDP across the replica groups (see
+    :mod:`polydist.ft`); the model's state is what a recovering replica group receives."""
+    from .backends.torchft.wrappers import FaultTolerantDDP
+
+    if sharded_or_sync or get_world_size() > 1:
+        raise ValueError(
+            "auto_model under --fault-tolerant replicates the whole model in replica groups of one process "
+            f"(this replica group has {get_world_size()}); use_fsdp and sync_bn are not supported there yet"
+        )
+    if isinstance(model, DistributedDataParallel):
+        return model
+    ddp_kwargs.pop("find_unused_parameters", None)  # torchft sets it: buckets must never be rebuilt
+    session.register_state("model", model.state_dict, model.load_state_dict)
+    return FaultTolerantDDP(session.manager, model, **ddp_kwargs)
 
 
 def _own_training(distributed: bool) -> Any:
@@ -181,6 +209,14 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
     ``kwargs`` go to ``xm.optimizer_step``. idist's wrapper raises
     ``TypeError: super(type, obj)`` on ignite 0.5.4 and later.
 
+    Under ``polydist run --fault-tolerant`` (see :mod:`polydist.ft`) the
+    returned optimizer wraps the given one (torchft's ``OptimizerWrapper``):
+    ``zero_grad()`` starts the step's quorum and ``step()`` applies the
+    gradients only when every live replica group committed the step (a step
+    during which one was lost is discarded); the optimizer's state is what a
+    recovering replica group receives. No broadcast there (the state of the
+    replica groups is made equal at step 0 by torchft).
+
     Raises ``TypeError`` when ``optimizer`` is not a ``torch.optim.Optimizer``,
     or (on every rank) when its state holds a value polydist's safe codec
     cannot send; pass ``sync_state=False`` to skip the broadcast.
@@ -193,6 +229,12 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"auto_optim expects a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    session = ft.fault_tolerance()
+    if session is not None:
+        from .backends.torchft.wrappers import FaultTolerantOptimizer
+
+        session.register_state("optimizer", optimizer.state_dict, optimizer.load_state_dict)
+        return FaultTolerantOptimizer(session.manager, optimizer, session.start_step, session.should_commit)
     own = _own_training(_distributed())
     if kwargs and own is None:
         warnings.warn(

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 import polydist  # noqa: F401 - wires the hooks
-from polydist import _wiring, context
+from polydist import _wiring, context, ft
 from polydist.backends.mpi4py import job as mpi_job
 from polydist.collectives import debug, timeouts
 from polydist.errors import CollectiveTimeoutError
@@ -22,8 +22,8 @@ pytestmark = pytest.mark.timeout(60)
 def test_importing_polydist_wires_each_hook_once_in_order():
     _wiring.wire()  # a second call adds nothing
     assert context.on_world_made == [dump.install_signal_handlers]
-    assert context.on_initialized == [profile.start_session]
-    assert context.on_finalize == [debug.check_leaving, profile.end_session]  # the check communicates first
+    assert context.on_initialized == [profile.start_session, ft.start]
+    assert context.on_finalize == [debug.check_leaving, profile.end_session, ft.stop]  # the check communicates first
     assert timeouts.on_timeout == [dump.timed_out]
     assert mpi_job.before_abort == [dump.failed]
 

@@ -57,6 +57,8 @@ class Lifecycle:
             the step goes through ``xm.optimizer_step``, as idist wraps it at every size).
         pin_memory_refused: the warning ``auto_dataloader(pin_memory=True)`` gives before loading unpinned
             (XLA: idist's words); None: pinning follows the device.
+        fault_tolerance: the engine behind ``polydist run --fault-tolerant`` on it (``"torchft"``: gloo,
+            nccl; :mod:`polydist.backends.torchft`); None: the flag is refused there.
     """
 
     init_url: Optional[str] = None
@@ -66,6 +68,7 @@ class Lifecycle:
     starts_processes: bool = False
     training_at_every_size: bool = False
     pin_memory_refused: Optional[str] = None
+    fault_tolerance: Optional[str] = None
 
     def available(self) -> bool:
         """Whether it is usable in this process (listed by ``polydist.available_backends()``)."""
@@ -463,12 +466,15 @@ MPI_DTYPES = frozenset(_FLOATS | _COMPLEX | UNSIGNED_WIDE | {torch.int8, torch.u
 # What torch's backends do beyond the defaults: gloo offers its host's address; nccl needs CUDA.
 class _Gloo(Lifecycle):
     offers_host_address = True
+    fault_tolerance = "torchft"
 
     def available(self) -> bool:
         return dist.is_gloo_available()
 
 
 class _Nccl(Lifecycle):
+    fault_tolerance = "torchft"
+
     def available(self) -> bool:
         return dist.is_nccl_available() and torch.cuda.is_available()
 

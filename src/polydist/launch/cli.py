@@ -14,8 +14,9 @@ from typing import Any, Callable
 from .. import settings
 from ..backends import registry
 from ..errors import WorkerFailedError
-from . import mpiexec
+from . import fault_tolerant, mpiexec
 from .elastic import launch
+from .fault_tolerant import DEFAULT_MAX_RESTARTS
 from .restarts import rerun
 from .trace_dir import job_trace_dir
 
@@ -53,11 +54,33 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-restarts",
         "--max_restarts",
         type=int,
-        default=0,
+        default=None,
         metavar="N",
         help="when a rank fails, stop the others and restart every worker, up to N times (announced on stderr "
         "with the failed rank and its traceback; the program reads polydist.restart_count()). Default 0: the job "
-        "ends at the first failure",
+        "ends at the first failure. With --fault-tolerant: replacements per replica group (default "
+        f"{DEFAULT_MAX_RESTARTS}), the others going on",
+    )
+    run.add_argument(
+        "--fault-tolerant",
+        action="store_true",
+        help="train data-parallel replica groups that survive a lost or frozen one: the others discard the step "
+        "in flight and go on, a replacement receives their live state and rejoins (torchft, on gloo and nccl; "
+        "the program uses auto_model/auto_optim or polydist.fault_tolerance(); one line per fault on stderr)",
+    )
+    run.add_argument(
+        "--replica-group-size",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --fault-tolerant: ranks per replica group, the unit that is lost and replaced (default 1)",
+    )
+    run.add_argument(
+        "--min-replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --fault-tolerant: fewest replica groups a step commits with (default 1)",
     )
     run.add_argument(
         "--rdzv-endpoint",
@@ -153,6 +176,10 @@ def run(ns: argparse.Namespace) -> int:
     if ns.backend is not None and ns.backend.lower() not in registry.names():  # before any rank or dump folder
         print(f"polydist run: unknown backend {ns.backend!r}; use one of: {', '.join(BACKENDS)}", file=sys.stderr)
         return 2
+    refused = fault_tolerant.refusal(ns) if ns.fault_tolerant else None
+    if refused:
+        print(f"polydist run: {refused}", file=sys.stderr)
+        return 2
     # This is the launcher's own process: its environment is ours to set, and
     # the workers inherit it.
     os.environ[settings.LAUNCHER.name] = "run"
@@ -165,12 +192,20 @@ def run(ns: argparse.Namespace) -> int:
 
     with job_trace_dir(ns.trace_dir, "polydist run") as trace_dir:
         os.environ[settings.TRACE_DIR.name] = trace_dir
+        if ns.fault_tolerant:
+            return fault_tolerant.run(ns, _worker(ns), trace_dir)
         return _launch(ns)
 
 
-def _launch(ns: argparse.Namespace) -> int:
+def _worker(ns: argparse.Namespace) -> list:
+    """The arguments of every worker process: polydist's worker entry, then the script (or module) and its own."""
     target = ["-m", ns.script] if ns.module else [ns.script]
-    worker = ["-u", "-m", "polydist.launch.worker", *target, *ns.args]
+    return ["-u", "-m", "polydist.launch.worker", *target, *ns.args]
+
+
+def _launch(ns: argparse.Namespace) -> int:
+    worker = _worker(ns)
+    ns.max_restarts = ns.max_restarts or 0
     if ns.backend and registry.get(ns.backend.lower()).lifecycle.needs_launcher == "mpiexec":
         return _run_mpi(ns, worker)
     os.environ[settings.LAUNCHER_PID.name] = str(os.getpid())  # the workers' parent: they die with it

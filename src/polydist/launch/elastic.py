@@ -176,6 +176,9 @@ def launch(
     *,
     prefix_output: bool = False,
     trace_dir: Optional[str] = None,
+    prefix: str = RANK_PREFIX,
+    on_restart: Optional[Callable[[Optional[dict], int, int], None]] = None,
+    first_rank: int = 0,
     **job: Any,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` (a picklable function or an executable) in
@@ -189,24 +192,26 @@ def launch(
 
     Returns ``{global rank: return value}`` for this node's workers (None
     values for an executable). With ``prefix_output`` each output line is
-    prefixed ``[rankN]: ``. A worker stopped for ``POLYDIST_FROZEN_AFTER``
+    prefixed ``prefix`` (default ``[rankN]: ``; torch's template, ``${rank}`` the global rank). A worker stopped for ``POLYDIST_FROZEN_AFTER``
     seconds is ended as failed once the others wrote their flight-recorder
     dumps into ``trace_dir`` (default ``$POLYDIST_TRACE_DIR``). When a worker fails and fewer than
     ``max_restarts`` restarts were made, every worker is stopped and started
-    again (announced on stderr); otherwise raises :class:`WorkerFailedError`
+    again (announced on stderr, or told to ``on_restart(failures, restarts done, max_restarts)`` instead:
+    the fault-tolerant launcher's replica groups); otherwise raises :class:`WorkerFailedError`
     (after the others were stopped). ``ValueError`` for bad sizes or
     addresses.
     """
     with tempfile.TemporaryDirectory(prefix="polydist-logs-") as log_dir:
         tee = Std.ALL if prefix_output else Std.NONE
         specs = DefaultLogsSpecs(log_dir=log_dir, tee=tee)
-        cfg = _config(nproc_per_node, specs, RANK_PREFIX if prefix_output else None, **job)
+        cfg = _config(nproc_per_node, specs, prefix if prefix_output else None, **job)
         nnodes = cfg.max_nodes
+        announce_restart = on_restart or (lambda failures, done, most: _announce_restart(failures, done, most, nnodes))
         agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
         agent_log.addFilter(_no_traceback)
         try:
-            watch = _liveness(trace_dir)
-            with _torch.restart_hook(lambda failures, done, most: _announce_restart(failures, done, most, nnodes), watch):
+            watch = _liveness(trace_dir, first_rank)
+            with _torch.restart_hook(announce_restart, watch):
                 with _torch.fresh_worker_store(cfg.max_restarts > 0 or cfg.rdzv_backend == "c10d"):
                     return elastic_launch(cfg, entrypoint)(*args)
         except ChildFailedError as exc:
@@ -215,14 +220,16 @@ def launch(
             agent_log.removeFilter(_no_traceback)
 
 
-def _liveness(trace_dir: Optional[str]) -> Optional[Callable[[dict], None]]:
-    """The agent's liveness check of its workers ``{global rank: pid}``, or None when the watch is off."""
+def _liveness(trace_dir: Optional[str], first_rank: int = 0) -> Optional[Callable[[dict], None]]:
+    """The agent's liveness check of its workers ``{global rank: pid}``, or None when the watch is off;
+    ``first_rank``: the job's rank of the agent's rank 0 (a fault-tolerant job's replica groups), for the words."""
     watch = Watch()
     if not watch.on:
         return None
     folder = trace_dir or settings.TRACE_DIR.read()
 
     def check(pids: dict) -> None:
+        pids = {rank + first_rank: pid for rank, pid in pids.items()}
         frozen = watch.check(pids)
         if frozen is not None:
             end_frozen(frozen, pids, folder)  # the agent sees it end at its next look, as a failed worker
@@ -328,3 +335,16 @@ def _failure_report(failures: dict, nnodes: int = 1, max_restarts: int = 0) -> W
         lines.insert(0, exhausted(max_restarts))
     details = {r: (f.exitcode, _traceback(f)) for r, f in failures.items()}
     return WorkerFailedError("\n".join(lines), details, root_rank)
+
+
+def first_failure(failures: dict) -> tuple[int, str, str]:
+    """Of failed workers ``{global rank: ProcessFailure}``, the one :func:`_failure_lines` blames: its rank, how
+    it ended ("killed by SIGKILL", "exit code 1", "frozen: ..."), and the last line of its traceback ("" if none)."""
+    _, rank = _failure_lines(failures)
+    failure = failures[rank]
+    frozen = note_of(failure.pid)
+    code = failure.exitcode
+    how = frozen.split(";")[0] if frozen else (f"killed by {signal_name(-code)}" if code is not None and code < 0
+                                                 else f"exit code {code}")  # fmt: skip
+    lines = [line for line in _traceback(failure).strip().splitlines() if not line.startswith(DUMP_NOTE)]
+    return rank, how, (lines or [""])[-1][:300]

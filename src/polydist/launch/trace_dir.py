@@ -30,11 +30,16 @@ def job_trace_dir(chosen: Optional[str], who: str) -> Iterator[str]:
         yield folder
     finally:
         dumps = glob.glob(os.path.join(folder, "rank*.json"))
+        groups = sorted({os.path.dirname(d) for d in glob.glob(os.path.join(folder, "*", "rank*.json"))})
         if dumps:
             print(
                 f"{who}: flight-recorder dumps of {len(dumps)} rank(s) in {folder}; read them with: polydist trace {folder}",
                 file=sys.stderr,
                 flush=True,
             )
-        elif not chosen:
+        for group in groups:  # a fault-tolerant job's replica groups: a folder each
+            n = len(glob.glob(os.path.join(group, "rank*.json")))
+            print(f"{who}: flight-recorder dumps of {n} rank(s) in {group}; read them with: polydist trace {group}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        if not dumps and not groups and not chosen:
             shutil.rmtree(folder, ignore_errors=True)

@@ -19,6 +19,7 @@ import traceback
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from .. import ft
 from ..backends.mpi4py import job as mpi_job
 from .environment import detect
 from .. import settings
@@ -40,7 +41,12 @@ def main() -> None:
     worker_setup()
     try:
         with worker_errors():
-            _run(argv)
+            try:
+                _run(argv)
+            except SystemExit as exc:
+                if exc.code not in (0, None):
+                    raise
+            ft.stop()  # --fault-tolerant: how this replica group ended, for the launcher's report
     finally:
         # torch's excepthook prefixes tracebacks with "[rankN]"; the launcher already
         # prefixes every line, so keep Python's own hook and print them once.

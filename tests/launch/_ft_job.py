@@ -1,0 +1,66 @@
+"""A small fault-tolerant training job, and the faults the tests inject into it.
+
+    FT_FAULT=KIND:REPLICA:STEP polydist run --fault-tolerant --nproc-per-node N tests/launch/_ft_job.py STEPS
+
+Replica group REPLICA, on its first start only, meets its fault at step
+STEP: ``kill`` (SIGKILL to itself), ``stop`` (SIGSTOP to itself: frozen) and
+``hang`` (sleeps, alive and heartbeating, for ever) just before backward, so
+that the others wait for it in the step's gradient all-reduce; ``raise`` (a
+RuntimeError) after backward, between the all-reduce and the commit vote. Each start prints ``start: replica R incarnation I
+pid P``, so a test can tell that the survivors were never restarted; each
+discarded step prints ``discarded: step S`` on that replica group.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import polydist as pdist
+
+
+def fire(kind: str) -> None:
+    print(f"fault: {kind}", flush=True)
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif kind == "raise":
+        raise RuntimeError("injected fault")
+    elif kind == "hang":
+        time.sleep(3600)
+
+
+def main() -> None:
+    steps = int(sys.argv[1])
+    pdist.initialize()
+    ft = pdist.fault_tolerance()
+    incarnation = pdist.restart_count()
+    print(f"start: replica {ft.replica_group} incarnation {incarnation} pid {os.getpid()}", flush=True)
+    torch.manual_seed(0)
+    model = pdist.auto_model(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+    optimizer = pdist.auto_optim(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    kind, replica, at = (os.environ.get("FT_FAULT") or "none:-1:-1").split(":")
+    while ft.step < steps:
+        step = ft.step
+        data = torch.Generator().manual_seed(step * 1000 + ft.rank)  # the batch of a step: redone when discarded
+        x, y = torch.randn(8, 16, generator=data), torch.randint(0, 4, (8,), generator=data)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        mine = incarnation == 0 and ft.replica_group == int(replica) and step == int(at)
+        if mine and kind != "raise":
+            fire(kind)
+        loss.backward()
+        if mine and kind == "raise":
+            fire(kind)
+        optimizer.step()
+        if ft.step == step:
+            print(f"discarded: step {step}", flush=True)
+        time.sleep(0.02)  # a step of some 20 ms, as a small real model's
+    pdist.finalize()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""``polydist run --fault-tolerant``: whole jobs that lose a replica group and go on (tests/launch/_ft_job.py).
+
+Each job trains a small model for a fixed number of steps on 2 or 3 replica
+groups of one process; one replica group meets a fault on its first start
+(SIGKILL, an exception, SIGSTOP, a hang). The tests check what the issue
+promises: the survivors are never restarted (one start line each), at most one
+step is discarded per fault, the lost replica group's replacement rejoins with
+the live state, every replica group ends with the same model and optimizer
+state (the launcher compares their digests), and the launcher says so in one
+line per fault. make test-ft runs them all; the kill and the hang also run in
+make test-system (marked ``system``).
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torchft", reason="torchft is not installed: pip install 'polydist[ft]'")
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ft_job.py")
+STEPS = 200  # some 5 s of training: a replacement has time to start (2-3 s on 2 cores) and rejoin
+
+pytestmark = [pytest.mark.ft, pytest.mark.timeout(240)]
+
+
+def _run(cli_env, replicas: int, fault: str, *flags: str, steps: int = None, env: dict = None):
+    command = [os.path.join(os.path.dirname(sys.executable), "polydist"), "run", "--fault-tolerant",
+               "--nproc-per-node", str(replicas), *flags, JOB, str(steps or STEPS)]
+    env = dict(cli_env, FT_FAULT=fault, **(env or {}))
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=220)
+    return out.returncode, out.stdout, out.stderr
+
+
+def _starts(stdout: str) -> dict:
+    """{replica group: [incarnations started]} from the job's start lines."""
+    starts: dict = {}
+    for replica, incarnation in re.findall(r"start: replica (\d+) incarnation (\d+)", stdout):
+        starts.setdefault(int(replica), []).append(int(incarnation))
+    return starts
+
+
+def _report(stderr: str) -> list:
+    return [line for line in stderr.splitlines() if line.startswith("polydist: fault-tolerant:")]
+
+
+def _discarded(line: str) -> int:
+    found = re.search(r"(\d+) steps? discarded", line)
+    return int(found.group(1)) if found else 0
+
+
+def _check_survived(code, stdout, stderr, replicas: int, lost: int, how: str, steps: int = STEPS):
+    report = _report(stderr)
+    assert code == 0, stderr[-4000:]
+    starts = _starts(stdout)
+    assert {r: starts[r] for r in starts if r != lost} == {r: [0] for r in range(replicas) if r != lost}, starts
+    assert starts[lost][0] == 0 and len(starts[lost]) >= 1, starts
+    faults = [line for line in report if f"replica group {lost}" in line and how in line]
+    assert faults, report
+    assert all(_discarded(line) <= 1 for line in report), report
+    assert re.search(rf"finished at step {steps} with identical model and optimizer state \(sha256 [0-9a-f]{{12}}\)",
+                     report[-1]), report
+    return report
+
+
+@pytest.mark.system
+def test_a_killed_replica_group_costs_at_most_one_step_and_its_replacement_rejoins(cli_env):
+    code, stdout, stderr = _run(cli_env, 2, "kill:1:30")
+    report = _check_survived(code, stdout, stderr, 2, 1, "lost (killed by SIGKILL) at step")
+    assert _starts(stdout)[1] == [0, 1]  # the replacement
+    rejoined = [line for line in report if "replica group 1 rejoined at step" in line]
+    assert rejoined and "received the live state" in rejoined[0], report
+    assert "1 fault survived" in report[-1], report
+
+
+def test_a_replica_group_that_raises_is_replaced_and_its_error_named(cli_env):
+    code, stdout, stderr = _run(cli_env, 2, "raise:0:30")
+    report = _check_survived(code, stdout, stderr, 2, 0, "lost (exit code 1: RuntimeError: injected fault)")
+    assert _starts(stdout)[0] == [0, 1]
+    assert any("replica group 0 rejoined" in line for line in report), report
+
+
+def test_a_frozen_replica_group_is_left_behind_then_replaced(cli_env):
+    """SIGSTOP: the survivors' all-reduce times out (--timeout 3), they discard that step and go on; the launcher's
+    liveness watch ends the stopped process (POLYDIST_FROZEN_AFTER) and its agent starts a replacement."""
+    code, stdout, stderr = _run(cli_env, 3, "stop:1:30", "--timeout", "3", steps=400, env={"POLYDIST_FROZEN_AFTER": "3"})
+    report = _check_survived(code, stdout, stderr, 3, 1, "replica group 1 did not take part in step", steps=400)
+    assert any("replica group 1" in line and "frozen: stopped (process state T)" in line for line in report), report
+    assert _starts(stdout)[1] == [0, 1], report
+
+
+@pytest.mark.system
+def test_a_hung_replica_group_is_left_out_and_stopped_when_the_others_finish(cli_env):
+    """A replica group asleep in its step, alive (its manager still beats): the others time out (--timeout 3), go on
+    without it, and when they have finished the launcher stops it (nobody is left to give it the live state)."""
+    code, stdout, stderr = _run(cli_env, 3, "hang:2:30", "--timeout", "3")
+    report = _report(stderr)
+    assert code == 0, stderr[-4000:]
+    assert _starts(stdout) == {0: [0], 1: [0], 2: [0]}
+    assert any(line.endswith("1 step discarded") and "replica group 2 did not take part in step" in line
+               for line in report), report
+    assert "stopping it" in stderr and "replica group(s) 2" in stderr
+    assert re.search(rf"replica groups 0, 1 finished at step {STEPS} with identical model", report[-1]), report
+
+
+def test_without_replacements_the_others_finish_and_the_lost_group_is_given_up(cli_env):
+    code, stdout, stderr = _run(cli_env, 2, "kill:1:30", "--max-restarts", "0")
+    report = _report(stderr)
+    assert code == 0, stderr[-4000:]
+    assert _starts(stdout) == {0: [0], 1: [0]}
+    assert any("replica group 1 given up: rank 1 failed again (killed by SIGKILL)" in line for line in report), report
+    assert re.search(rf"replica group 0 finished at step {STEPS} with identical", report[-2]), report
+    assert "replica group 1 had been given up before the end" in report[-1], report
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--backend", "mpi"], "--fault-tolerant runs on gloo and nccl (torchft) in this version, not on --backend mpi"),
+        (["--nnodes", "2", "--node-rank", "0"], "--fault-tolerant runs the replica groups of one node"),
+        (["--replica-group-size", "3"], "--nproc-per-node 2 is not a whole number of replica groups of --replica-group-size 3"),
+        (["--min-replicas", "3"], "--min-replicas 3 must be between 1 and the 2 replica group(s)"),
+    ],
+)
+def test_what_cannot_run_is_refused_before_any_rank_starts(cli_env, flags, words):
+    command = [os.path.join(os.path.dirname(sys.executable), "polydist"), "run", "--fault-tolerant",
+               "--nproc-per-node", "2", *flags, JOB, "1"]
+    out = subprocess.run(command, env=cli_env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and words in out.stderr, out.stderr
+    assert "start: replica" not in out.stdout
