@@ -37,6 +37,7 @@ import hashlib
 import os
 import socket
 import sys
+import threading
 import time
 import urllib.parse
 from datetime import timedelta
@@ -114,8 +115,11 @@ class FaultTolerance:
         self._transport.required = frozenset(self._states)
 
     def start_step(self) -> None:
-        """torchft's ``start_quorum`` for the next step (every rank, before the forward pass; the optimizer's
-        ``zero_grad`` calls it): the quorum runs beside the forward pass."""
+        """Start the next step (every rank, before the forward pass; the optimizer's ``zero_grad`` calls it):
+        torchft's quorum of the replica groups taking part, run beside the forward pass. Every step asks for
+        one, as torchft does: the quorum is where the replica groups agree on who takes part, so a replica
+        group cannot skip it on its own (one that asks while another does not waits for it in the lighthouse
+        while the other waits in the all-reduce)."""
         self._step_began = time.time()
         self.manager.start_quorum()
 
@@ -138,10 +142,11 @@ class FaultTolerance:
             ft_events.record("quorum", replica, step=step - ok, participants=m.num_participants(), members=members,
                              since=self._step_began)
         if not ok:
-            if not self._discarded:
-                self._failing_since = time.time()
-            self._discarded += 1
             error = m.errored()
+            if not self._discarded:  # the first step a fault costs: the survivors' view goes into a dump
+                self._failing_since = time.time()
+                _dump_in_background(error)
+            self._discarded += 1
             ft_events.record("failed", replica, step=step, error=_first_line(error), since=self._step_began)
             return
         if self._discarded:
@@ -167,6 +172,16 @@ class FaultTolerance:
         if self._lead:
             ft_events.record("finished", self.replica_group, step=self.step, digest=self.digest())
         self.manager.shutdown(wait=False)
+
+
+def _dump_in_background(error: Any) -> None:
+    """This rank's flight-recorder dump (torch's records hold the all-reduce that failed), written beside the
+    training, which goes on: ``polydist trace`` reads the survivors' view of a fault (reason "step discarded")."""
+    from .trace.dump import DISCARDED, dump_trace
+
+    cause = getattr(error, "original_exception", error)
+    cause = cause if isinstance(cause, BaseException) else None
+    threading.Thread(target=dump_trace, kwargs=dict(reason=DISCARDED, error=cause), daemon=True).start()
 
 
 _CALLBACK = "Got the following error when running the callback: "  # how torch's futures wrap a callback's error

@@ -11,6 +11,7 @@ line per fault. make test-ft runs them all; the kill and the hang also run in
 make test-system (marked ``system``).
 """
 
+import json
 import os
 import re
 import subprocess
@@ -66,13 +67,21 @@ def _check_survived(code, stdout, stderr, replicas: int, lost: int, how: str, st
 
 
 @pytest.mark.system
-def test_a_killed_replica_group_costs_at_most_one_step_and_its_replacement_rejoins(cli_env):
-    code, stdout, stderr = _run(cli_env, 2, "kill:1:30")
+def test_a_killed_replica_group_costs_at_most_one_step_and_its_replacement_rejoins(cli_env, tmp_path):
+    code, stdout, stderr = _run(cli_env, 2, "kill:1:30", "--trace-dir", str(tmp_path))
     report = _check_survived(code, stdout, stderr, 2, 1, "lost (killed by SIGKILL) at step")
     assert _starts(stdout)[1] == [0, 1]  # the replacement
     rejoined = [line for line in report if "replica group 1 rejoined at step" in line]
     assert rejoined and "received the live state" in rejoined[0], report
     assert "1 fault survived" in report[-1], report
+    # The survivor's view of the fault, in its flight-recorder dump: the step it discarded, and torch's record of
+    # the gradient all-reduce over torchft's group that failed.
+    dump = json.loads((tmp_path / "replica0" / "rank0.json").read_text())
+    assert dump["reason"] == "step discarded" and "Connection" in (dump["error"] or ""), dump["error"]
+    assert any(e["profiling_name"] == "gloo:all_reduce" for e in dump["torch"]["entries"])
+    trace = subprocess.run([os.path.join(os.path.dirname(sys.executable), "polydist"), "trace",
+                            str(tmp_path / "replica0")], env=cli_env, capture_output=True, text=True, timeout=60)
+    assert trace.returncode == 0 and "step discarded" in trace.stdout, trace.stdout + trace.stderr
 
 
 def test_a_replica_group_that_raises_is_replaced_and_its_error_named(cli_env):

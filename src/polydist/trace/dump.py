@@ -40,10 +40,12 @@ from ..errors import WorldMismatchError
 
 __all__ = [
     "dump_trace", "dump_path", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers",
-    "ignore_exit_notices", "FORMAT", "VERSION", "DUMP_NOTE",
+    "ignore_exit_notices", "FORMAT", "VERSION", "DUMP_NOTE", "DISCARDED",
 ]  # fmt: skip
 
 FORMAT, VERSION = "polydist-trace", 1
+DISCARDED = "step discarded"  # the reason of a fault-tolerant job's dump when a lost peer made it discard a step
+QUICK = ("signal", "terminate", DISCARDED)  # dumps written without torch's symbolized stacks (see _write)
 DUMP_NOTE = "flight recorder dump of this rank"  # how the note timed_out adds to an error begins
 _lock = threading.RLock()  # one dump at a time; reentrant: a signal handler may run inside a dump, on its thread
 _earlier: Optional[tuple] = None  # (error, traceback) of this process's last dump that had an error
@@ -167,9 +169,10 @@ def _write(path: Optional[str], reason: str, error: Optional[BaseException]) -> 
         "dropped": dropped,
         "entries": [as_dict(r) for r in records],
         "stacks": _stacks(),
-        # A dump asked for by a signal has a deadline (the launcher's grace before SIGKILL): torch's stacks take
-        # seconds to symbolize, so only a rank's own error or timeout writes them (the ranks that waited).
-        "torch": _torch_records(stacks=reason not in ("signal", "terminate")),
+        # A dump asked for by a signal has a deadline (the launcher's grace before SIGKILL), and one of a step a
+        # fault-tolerant job discarded is written while training goes on: torch's stacks take seconds to
+        # symbolize, so only a rank's own error or timeout writes them (the ranks that waited).
+        "torch": _torch_records(stacks=reason not in QUICK),
     }
     target = path or trace_dir()
     if not target.endswith(".json"):

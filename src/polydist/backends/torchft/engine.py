@@ -91,6 +91,21 @@ def quiet_logs() -> None:
         logging.getLogger(name).addHandler(logging.NullHandler())
 
 
+class _LocalVote:
+    """torchft's manager client for a replica group of one process: its commit vote is this process's own, so it
+    is answered here instead of by a gRPC round trip to the manager's server (0.2-0.8 ms a step on 2 cores).
+    Everything else goes to the client."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta) -> bool:
+        return should_commit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
 def make_manager(
     *,
     replica: int,
@@ -113,12 +128,13 @@ def make_manager(
     commit vote and a state transfer. Quorums run beside the forward pass
     (``use_async_quorum``); on step 0 the replica groups take the state of
     the first of them (``init_sync``), so that a program whose replicas
-    start differently still trains one model.
+    start differently still trains one model. A replica group of one
+    process votes to commit without asking its server (:class:`_LocalVote`).
     """
     quiet_logs()
     group: Optional[Any] = ProcessGroupNCCL(timeout=timeout) if cuda else ProcessGroupGloo(timeout=timeout)
     with _servers_on(host):
-        return Manager(
+        manager = Manager(
             pg=group,
             load_state_dict=None,
             state_dict=None,
@@ -139,3 +155,6 @@ def make_manager(
             init_sync=True,
             quorum_retries=QUORUM_RETRIES,
         )
+    if group_size == 1:
+        manager._client = _LocalVote(manager._client)  # torchft 0.2.0's attribute
+    return manager

@@ -7,8 +7,7 @@ when a peer dies during that all-reduce the wait fails before the future
 exists and the hook's ``assert fut._fut`` kills the survivor (the very fault
 it should survive; torchft-nightly fixes it by returning the bucket as a
 completed future). polydist's hook does not wait: it chains the division by
-the participants and torchft's error handling (``Manager.wrap_future``: the
-manager's timeout, the error reported) onto the all-reduce's future and
+the participants and the error report onto the all-reduce's future and
 returns that, so a bucket's all-reduce runs while backward computes the next,
 as with DDP's own hook; a failed or timed-out all-reduce completes the future
 with the bucket as it is, and the step is not committed.
@@ -51,7 +50,10 @@ def comm_hook(manager: Any, bucket: dist.GradBucket) -> torch.futures.Future[tor
     ``Manager.allreduce`` does, with the future chained here: its own chain
     (``_ManagedWork``) runs its callbacks correctly only on a completed
     all-reduce (the closure in ``_set_future_callback`` reads the loop's last
-    future), which is why torchft's hook waits first.
+    future), which is why torchft's hook waits first. Without torchft's
+    ``wrap_future`` timer either (a timer per bucket on an event-loop
+    thread): the group's own timeout ends a hung all-reduce (gloo's, created
+    with the manager's timeout; nccl's through torchft's timed work).
     """
     buffer = bucket.buffer()
     if manager.errored():  # the step already failed: nothing is sent
@@ -68,12 +70,15 @@ def comm_hook(manager: Any, bucket: dist.GradBucket) -> torch.futures.Future[tor
         manager.report_error(exc)
         return _done(buffer)
 
-    def average(fut: torch.futures.Future) -> torch.Tensor:
-        fut.value()  # raises the all-reduce's error, which wrap_future reports
+    def settle(fut: torch.futures.Future) -> torch.Tensor:
+        try:
+            fut.value()  # the all-reduce's error, if it failed: gloo's own timeout bounds it (nccl's: torchft's work)
+        except Exception as exc:  # noqa: BLE001 - any failure fails the step, never the backward
+            manager.report_error(exc)
+            return buffer
         return buffer.div_(participants)
 
-    # wrap_future: the manager's timeout, and any error reported and replaced by the bucket as it is
-    return manager.wrap_future(work.get_future().then(average), buffer)
+    return work.get_future().then(settle)
 
 
 class FaultTolerantDDP(DistributedDataParallel):
