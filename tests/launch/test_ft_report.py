@@ -48,6 +48,18 @@ def test_a_rank_killed_mid_step_one_line_with_the_steps_discarded_and_the_time_t
     assert (report.faults, report.discarded) == (1, 1)
 
 
+def test_a_loss_logged_after_the_survivors_shrank_still_names_the_lost_rank():
+    """MPI: a survivor may log its failed step and its new quorum before the one that tells of the loss."""
+    report = Report(3)
+    lines = feed(report, *started(range(3)), quorum(0, 1, 0, [0, 1, 2]),
+                 ev("failed", 1, 10.2, step=30, error="MPI_ERR_PROC_FAILED", since=10.0),
+                 quorum(1, 10.3, 30, [0, 1]), lost(2, 10.4, how="a process failure, MPI_ERR_PROC_FAILED"),
+                 ev("recovered", 1, 11.0, step=30, lost=1, since=10.2))
+    assert lines == ["polydist: fault-tolerant: rank 2 (replica group 2) lost (a process failure, MPI_ERR_PROC_FAILED) "
+                     "at step 30; the other replica groups went on after 1.00 s, 1 step discarded; starting its "
+                     "replacement (1 of 3)"]
+
+
 def test_a_rank_lost_between_steps_discards_nothing():
     report = Report(2)
     lines = feed(report, *started(range(2)), quorum(0, 1, 0, [0, 1]), lost(1, 5.0, how="exit code 1", error="ValueError: x"),

@@ -51,6 +51,7 @@ import os
 from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, Tuple
 
+from .. import settings
 from ..settings import RESTART_COUNT
 from ._launchers import LAYOUT, PET, READERS, UNNAMED, Claim, elastic, first_set, read_int, slurm_port
 from ._slurm import expand_nodelist
@@ -247,8 +248,12 @@ def launcher() -> ProcessInfo:
     Only :func:`polydist.initialize` lets a bad environment raise, since only
     there does it decide anything; queries and adoption must not fail over
     variables a user-made group does not depend on (e.g. ``WORLD_SIZE``
-    exported without ``RANK``).
+    exported without ``RANK``). Under ``polydist run --fault-tolerant`` with
+    replica groups of one process (always so on MPI, whose ``mpiexec``
+    announces every rank), each process is a world of its own: serial.
     """
+    if settings.FAULT_TOLERANT.read() and settings.FT_GROUP_SIZE.read() == 1:
+        return _SERIAL
     try:
         return detect()
     except ValueError:

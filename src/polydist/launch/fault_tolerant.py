@@ -18,10 +18,12 @@ The launcher:
    others have finished: with nobody left to heal from it would train alone
    from step 0.
 
-The engine is torchft (:mod:`polydist.backends.torchft`): gloo, and nccl
-with GPUs. MPI's own engine (ULFM, on Open MPI) is not wired into the
-launcher yet: ``--backend mpi`` with ``--fault-tolerant`` is refused, naming
-the restart path.
+The engine is the backend's (its lifecycle's ``fault_tolerance``): torchft
+(:mod:`polydist.backends.torchft`) for gloo, and nccl with GPUs, as above;
+MPI's ULFM for ``--backend mpi`` under Open MPI, where MPI itself starts and
+replaces the ranks (:mod:`~polydist.launch.fault_tolerant_mpi`), and which
+MPICH and Intel MPI lack: refused there before any rank starts, naming the
+restart path.
 """
 
 from __future__ import annotations
@@ -35,11 +37,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from .. import settings
 from ..backends import registry
-from . import ft_events
+from . import fault_tolerant_mpi, ft_events
 from .ft_report import Report
 
 __all__ = ["refusal", "run", "DEFAULT_MAX_RESTARTS"]
@@ -49,13 +51,21 @@ _POLL_S = 0.1
 _STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL for agents stopped by the launcher
 
 
+def _engine(ns: argparse.Namespace) -> Optional[str]:
+    """The fault-tolerance engine of the job's backend (its lifecycle's ``fault_tolerance``), or None."""
+    return registry.get((ns.backend or registry.requested_name()).lower()).lifecycle.fault_tolerance
+
+
 def refusal(ns: argparse.Namespace) -> Optional[str]:
     """Why ``polydist run --fault-tolerant`` cannot run as asked (one line, naming what to use), else None."""
     backend = (ns.backend or registry.requested_name()).lower()
-    if registry.get(backend).lifecycle.fault_tolerance is None:
-        engines = [n for n in registry.names() if registry.get(n).lifecycle.fault_tolerance]
-        return (f"--fault-tolerant runs on {' and '.join(engines)} (torchft) in this version, not on "
-                f"--backend {backend}; without it, --max-restarts N restarts every rank from the last checkpoint")  # fmt: skip
+    engine = _engine(ns)
+    if engine is None:
+        engines = [n for n in registry.listed_names() if registry.get(n).lifecycle.fault_tolerance]
+        return (f"--fault-tolerant runs on {', '.join(engines)}, not on --backend {backend}; without it, "
+                "--max-restarts N restarts every rank from the last checkpoint")  # fmt: skip
+    if engine == "ulfm":
+        return fault_tolerant_mpi.refusal(ns)
     if ns.nnodes != (1, 1) or ns.rdzv_endpoint:
         return "--fault-tolerant runs the replica groups of one node in this version (no --nnodes, --rdzv-endpoint)"
     if ns.replica_group_size < 1 or ns.nproc_per_node % ns.replica_group_size:
@@ -74,6 +84,14 @@ def run(ns: argparse.Namespace, worker: list, trace_dir: str) -> int:
     size = ns.replica_group_size
     replicas = ns.nproc_per_node // size
     most = DEFAULT_MAX_RESTARTS if ns.max_restarts is None else ns.max_restarts
+    common = {"NUM_REPLICA_GROUPS": str(replicas), settings.FAULT_TOLERANT.name: "1",
+              settings.FT_MIN_REPLICAS.name: str(ns.min_replicas), settings.FT_GROUP_SIZE.name: str(size),
+              settings.FT_REPLACEMENTS.name: str(most)}  # fmt: skip
+    if _engine(ns) == "ulfm":
+        with tempfile.TemporaryDirectory(prefix="polydist-ft-") as events:
+            env = dict(os.environ, **common, **{settings.FT_EVENTS.name: events})
+            return fault_tolerant_mpi.run(ns, worker, env, lambda proc: _supervise(
+                {r: proc for r in range(replicas)}, Report(replicas), ft_events.Reader(events), None, one_job=True))
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at INFO; read at its import
     import torch.distributed as dist
 
@@ -82,9 +100,8 @@ def run(ns: argparse.Namespace, worker: list, trace_dir: str) -> int:
     lighthouse, address = serve_lighthouse("127.0.0.1", ns.min_replicas)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     with tempfile.TemporaryDirectory(prefix="polydist-ft-") as events:
-        env = dict(os.environ, TORCHFT_LIGHTHOUSE=address, NUM_REPLICA_GROUPS=str(replicas))
-        env.update({settings.FAULT_TOLERANT.name: "1", settings.FT_EVENTS.name: events,
-                    settings.FT_START.name: f"127.0.0.1:{store.port}", settings.FT_MIN_REPLICAS.name: str(ns.min_replicas)})  # fmt: skip
+        env = dict(os.environ, TORCHFT_LIGHTHOUSE=address, **common)
+        env.update({settings.FT_EVENTS.name: events, settings.FT_START.name: f"127.0.0.1:{store.port}"})
         agents = {r: _start(r, size, most, not ns.no_prefix, worker, env, trace_dir) for r in range(replicas)}
         try:
             code = _supervise(agents, Report(replicas), ft_events.Reader(events), store)
@@ -105,15 +122,17 @@ def _start(replica: int, size: int, most: int, prefix: bool, worker: list, env: 
     return subprocess.Popen(command, env=dict(env, **{settings.TRACE_DIR.name: folder}))
 
 
-def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: object) -> int:
+def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: Any, one_job: bool = False) -> int:
+    """Follow the job until every agent ended (``agents``: replica group -> its process; ``one_job``: one process,
+    mpiexec, runs them all, and a replica group finished when it said so); print the report; the exit code."""
     exits: dict[int, int] = {}
 
     def read() -> None:
         for event in reader.new():
             for line in report.feed(event):
                 print(line, file=sys.stderr, flush=True)
-            if event["kind"] == "given_up" and not report.started(event["replica"]):
-                store.set(f"started/{event['replica']}", "gone")  # type: ignore[attr-defined]  # nobody waits for it
+            if store is not None and event["kind"] == "given_up" and not report.started(event["replica"]):
+                store.set(f"started/{event['replica']}", "gone")  # nobody waits for it
 
     while len(exits) < len(agents):
         time.sleep(_POLL_S)
@@ -121,7 +140,10 @@ def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: ob
         for replica, agent in agents.items():
             if replica not in exits and agent.poll() is not None:
                 exits[replica] = agent.returncode
-        if any(code == 0 for code in exits.values()):
+        if one_job and len(exits) == len(agents):  # mpiexec's exit code says little under ULFM: the log says more
+            read()
+            exits = {r: 0 if r in report.finished else 1 for r in agents}
+        if not one_job and any(code == 0 for code in exits.values()):
             doomed = [r for r in agents if r not in exits and r not in report.stopped and report.left_behind(r)]
             if doomed:
                 print(f"polydist: fault-tolerant: the others finished while replica group(s) {', '.join(map(str, doomed))} "

@@ -90,10 +90,11 @@ class Report:
             self._lost_at[replica] = t
             what = f"{event['how']}: {event['error']}" if event["error"] else event["how"]
             then = f"starting its replacement ({event['replacement']} of {event['of']})"
-            if not self._quorums or replica not in self._members:  # nothing waits for it: no fault to recover from
+            unnamed = self._open is not None and self._open.replica is None  # the survivors' failed step: this one
+            if not unnamed and (not self._quorums or replica not in self._members):  # nothing waits for it
                 since = "before the first step" if not self._quorums else "after the others had gone on without it"
                 return [f"{_PREFIX} rank {event['rank']} ({_groups([replica])}) lost {since} ({what}); {then}"]
-            fault = self._open if self._open is not None and self._open.replica is None else _Fault(t0=t)
+            fault = self._open if unnamed else _Fault(t0=t)
             fault.t0 = min(fault.t0, t)
             fault.replica, fault.rank, fault.how, fault.error = replica, event["rank"], event["how"], event["error"]
             fault.replacement = f"{event['replacement']} of {event['of']}"
@@ -104,6 +105,7 @@ class Report:
             if self._open is None:
                 self._open = _Fault(t0=event["since"])  # the step began then: a hang shows only at its timeout
             fault = self._open
+            fault.t0 = min(fault.t0, event["since"])  # a hang, or MPI's detector, shows only after its timeout
             fault.failed.add(replica)
             fault.step = event["step"] if fault.step is None else min(fault.step, event["step"])
             if event["error"]:

@@ -24,7 +24,7 @@ from ..backends.mpi4py import job as mpi_job
 from .environment import detect
 from .. import settings
 from .process_setup import die_with_parent, mark_done, pids, prefix_output, record_pid, worker_errors, worker_setup
-from ..trace.dump import ignore_exit_notices, install_signal_handlers, peers_dump
+from ..trace.dump import failed, ignore_exit_notices, install_signal_handlers, peers_dump
 
 
 
@@ -32,6 +32,9 @@ from ..trace.dump import ignore_exit_notices, install_signal_handlers, peers_dum
 def main() -> None:
     argv = sys.argv[1:]
     install_signal_handlers()  # a dump on SIGUSR1 even before the script joins the job
+    if settings.FAULT_TOLERANT.read() and settings.FT_COMMAND.read():  # polydist run --fault-tolerant under mpiexec
+        _run_fault_tolerant_mpi(argv)
+        return
     if settings.FAILURE_DIR.read():  # started by polydist run under mpiexec
         die_with_parent()  # the parent is mpiexec's proxy, which ends the ranks itself when it can
         worker_setup()
@@ -78,6 +81,39 @@ def _run_under_mpi(argv: list) -> None:
         _finishing(rank)
         raise
     _finishing(rank)
+
+
+def _run_fault_tolerant_mpi(argv: list) -> None:
+    """Run the script as a rank of a fault-tolerant MPI job (ULFM): its output prefixed with its replica group,
+    its dumps in a folder of that replica group, and a failure that ends this rank only: no ``MPI_Abort``, and
+    ``os._exit`` rather than ``MPI_Finalize`` (where the others would wait for it), so that the others see a
+    process failure and go on."""
+    die_with_parent()  # mpiexec's proxy
+    worker_setup()
+    replica = settings.FT_REPLICA.read()
+    replica = detect().rank or 0 if replica is None else replica  # a first start: its COMM_WORLD rank
+    if settings.PREFIX_OUTPUT.read():
+        prefix_output(f"[rank{replica}]: ")
+    base = settings.TRACE_DIR.read()
+    if base:  # every rank is rank 0 of its own world: a folder per replica group, as under the elastic agents
+        os.environ[settings.TRACE_DIR.name] = os.path.join(base, f"replica{replica}")
+    sys.excepthook = sys.__excepthook__
+    try:
+        _run(argv)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            _end_alone(exc)
+    except BaseException as exc:  # noqa: BLE001 - whatever it is, this rank ends and the others go on
+        _end_alone(exc)
+    ft.stop()
+
+
+def _end_alone(exc: BaseException) -> None:
+    traceback.print_exception(type(exc), exc, exc.__traceback__)
+    failed(exc)  # this rank's flight-recorder dump
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _ask_peers(rank: int) -> None:

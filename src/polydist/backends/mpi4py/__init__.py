@@ -197,6 +197,7 @@ class _MpiJob(registry.Lifecycle):
     """Both MPI names: an MPI launcher alone starts the ranks, and an uncaught exception aborts the job."""
 
     needs_launcher = "mpiexec"
+    fault_tolerance = "ulfm"  # polydist run --fault-tolerant: ULFM where the MPI has it (Open MPI 5), refused elsewhere
 
     def after_join(self) -> None:
         job.install_abort_hook()  # MPI collectives have no timeout: a rank that dies must end the job

@@ -1,0 +1,291 @@
+"""MPI's engine for ``polydist run --fault-tolerant --backend mpi``: ULFM on Open MPI, with torchft's manager's face.
+
+Every MPI rank is a replica group of one process. The manager keeps a
+communicator of the live ranks (at first a duplicate of ``COMM_WORLD`` with
+``MPI.ERRORS_RETURN``) and offers what :mod:`polydist.ft` and the training
+wrappers (:mod:`polydist.backends.torchft.wrappers`) call on torchft's
+``Manager``, under the same names, so that one program, one session and one
+DDP hook serve both engines:
+
+* ``start_quorum()`` (the optimizer's ``zero_grad``): when ranks were lost
+  and their replacements are due, spawn one per lost replica group and merge
+  it in (:func:`~polydist.backends.mpi4py.ulfm.grow`), then send the live
+  state to it: a broadcast from the first live rank, in polydist's codec
+  (never pickle), of every registered state and the step;
+* the DDP hook's all-reduce (``_pg.allreduce``): a blocking ``MPI_Allreduce``
+  (SUM) on the live communicator; a lost rank makes it raise
+  ``MPI_ERR_PROC_FAILED`` (or ``MPI_ERR_REVOKED``) on the others;
+* ``should_commit()``: the vote (``MPI_Comm_agree``) on "no rank saw an
+  error this step", over the live ranks; on a failure the survivors revoke
+  and shrink the communicator (:func:`~polydist.backends.mpi4py.ulfm.shrink`)
+  and discard the step.
+
+A hung or stopped rank is declared failed by Open MPI's failure detector,
+whose timeout the launcher sets to the collective timeout: a rank that makes
+no MPI progress for that long (a stopped process, a rank stuck outside MPI)
+is taken for lost, as a collective would have timed out on gloo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from ... import codec, settings
+from . import _mpi, ulfm
+
+__all__ = ["UlfmManager", "start"]
+
+REPLICA = settings.FT_REPLICA.name  # in a replacement's environment: the replica group it replaces
+
+
+class _Work:
+    """A completed all-reduce, as torchft's process groups return it: ``get_future()`` of the result."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._future.set_result([tensor])
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+class _LiveRanks:
+    """The manager's "process group": the live communicator, and the replica groups it holds (``_global_ranks``)."""
+
+    def __init__(self, manager: "UlfmManager") -> None:
+        self._manager = manager
+
+    @property
+    def _global_ranks(self) -> list:
+        return list(self._manager.replicas_of)
+
+    def allreduce(self, tensors: list, opts: Any) -> _Work:
+        (tensor,) = tensors
+        MPI = _mpi.mpi()
+        buffer = tensor.detach().numpy() if tensor.device.type == "cpu" and tensor.is_contiguous() else None
+        if buffer is None:
+            raise TypeError(f"the MPI fault-tolerant all-reduce takes contiguous CPU tensors, got {tensor.device} "
+                            f"(contiguous: {tensor.is_contiguous()})")  # fmt: skip
+        self._manager._comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+        return _Work(tensor)
+
+
+class UlfmManager:
+    """torchft's ``Manager`` surface over ULFM (see the module docstring); one per process.
+
+    Args:
+        comm: the live ranks' communicator (``MPI.ERRORS_RETURN``).
+        replicas_of: the replica group of each rank of ``comm``, in rank order.
+        replica: this process's replica group.
+        step: the job's committed steps (a replacement's, from the state it received).
+        command: how to start a replacement (the worker's command line).
+        replacements: how many times each replica group may be replaced (``--max-restarts``).
+    """
+
+    def __init__(self, comm: Any, replicas_of: list, replica: int, step: int, command: list, replacements: int) -> None:
+        self._comm, self.replicas_of, self.replica = comm, list(replicas_of), replica
+        self._step, self._command, self._budget = step, command, replacements
+        self._errored: Optional[BaseException] = None
+        self._quorum_id, self._healing, self._quorum_future = 0, False, True  # torchft's names (read by polydist.ft)
+        self._pg = _LiveRanks(self)
+        self._states: dict[str, tuple] = {}  # name -> (state_dict, load_state_dict)
+        self._lost: list = []  # replica groups lost and not replaced yet
+        self._replaced: dict[int, int] = {}  # replica group -> replacements started
+        self._pending: Optional[bytes] = None  # a replacement's state, received at its first step
+        self.required: frozenset = frozenset()  # as SafeTransport's: the states a received one must hold
+        self._on_received: Optional[Callable[[int, float], None]] = None
+        # (replica group, how, number of its replacement or None when they ran out, replacements allowed)
+        self.on_lost: Optional[Callable[[int, str, Optional[int], int], None]] = None
+        self._pids: list = []  # (host, pid) of each rank of the communicator: see _learn_pids
+
+    # ---------------------------------------------------------------- torchft's Manager, as polydist calls it
+
+    def register_state_dict_fn(self, name: str, load_state_dict: Callable, state_dict: Callable) -> None:
+        self._states[name] = (state_dict, load_state_dict)
+
+    def current_step(self) -> int:
+        return self._step
+
+    def num_participants(self) -> int:
+        return self._comm.Get_size()
+
+    def is_participating(self) -> bool:
+        return True
+
+    def errored(self) -> Optional[BaseException]:
+        return self._errored
+
+    def report_error(self, exc: BaseException) -> None:
+        self._errored = exc
+
+    def wait_quorum(self) -> None:
+        pass
+
+    def start_quorum(self) -> None:
+        """The step begins: its error is forgotten; lost replica groups with replacements left are replaced and
+        a replacement's first step loads the state it received."""
+        self._errored, self._healing = None, False
+        if self._pending is not None:
+            self._load(self._pending)
+            self._pending, self._healing = None, True
+        due = [r for r in self._lost if self._replaced.get(r, 0) < self._budget]
+        self._lost = [r for r in self._lost if r not in due]
+        for replica in due:
+            try:
+                self._grow(replica)
+            except Exception as exc:  # noqa: BLE001 - a replacement that could not start: train on without it
+                print(f"polydist: replica group {replica} could not be replaced ({type(exc).__name__}: {exc})",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                self._errored = exc
+
+    def should_commit(self, timeout: Optional[timedelta] = None) -> bool:
+        """The vote of every live rank on this step; on a failure, the survivors shrink and the step is discarded."""
+        try:
+            ok = ulfm.agree(self._comm, self._errored is None)
+        except ulfm.AgreementError as exc:  # raised on every live rank alike
+            self._errored, ok = self._errored or exc, False
+        if not ok:  # the vote is the same on every live rank: all of them shrink, lost ranks or not
+            self._shrink()
+        else:
+            self._step += 1
+        return ok
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass  # the communicator goes with MPI_Finalize
+
+    # ---------------------------------------------------------------- failures and replacements
+
+    def _learn_pids(self) -> None:
+        """Collective: where each rank runs, so that a rank declared lost while alive (hung outside MPI: Open MPI's
+        detector saw no progress for the timeout) can be ended; it would otherwise hold mpiexec for ever."""
+        self._pids = self._comm.allgather((socket.gethostname(), os.getpid()))
+
+    def _end(self, ranks: list) -> None:
+        here = socket.gethostname()
+        for host, pid in (self._pids[r] for r in ranks if r < len(self._pids)):
+            if host == here and pid != os.getpid():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+    def _shrink(self) -> None:
+        old = self._comm
+        self._comm, lost = ulfm.shrink(old)
+        if self._comm.Get_rank() == 0:
+            self._end(lost)  # dead already, or hung: either way out of the job
+        self._pids = [p for i, p in enumerate(self._pids) if i not in lost]
+        gone = [self.replicas_of[r] for r in lost]
+        self.replicas_of = [r for i, r in enumerate(self.replicas_of) if i not in lost]
+        self._quorum_id += 1
+        self._lost += gone
+        for replica in gone:
+            if self.on_lost is not None and self._comm.Get_rank() == 0:  # one survivor tells the launcher
+                done = self._replaced.get(replica, 0)
+                self.on_lost(replica, "a process failure, MPI_ERR_PROC_FAILED", done + 1 if done < self._budget else None, self._budget)
+
+    def _grow(self, replica: int) -> None:
+        """Spawn the replacement of ``replica``, merge it in last, and send it the header and the state."""
+        self._replaced[replica] = self._replaced.get(replica, 0) + 1
+        env = {REPLICA: str(replica), settings.RESTART_COUNT.name: str(self._replaced[replica])}
+        merged = ulfm.grow(self._comm, 1, self._command[0], self._command[1:], env=env,
+                           info={"map_by": "slot:oversubscribe"})  # fmt: skip
+        self._comm, self.replicas_of = merged, self.replicas_of + [replica]
+        self._quorum_id += 1
+        _send(merged, codec.encode({"replicas_of": self.replicas_of, "step": self._step, "quorum": self._quorum_id,
+                                    "replaced": self._replaced}))  # fmt: skip
+        _send(merged, codec.encode({"step": self._step, "states": {n: _plain(sd()) for n, (sd, _) in self._states.items()}}))
+        self._learn_pids()
+
+    def _load(self, payload: bytes) -> None:
+        start = time.perf_counter()
+        got = codec.decode(payload)
+        states = got.get("states") if isinstance(got, dict) else None
+        step = got.get("step") if isinstance(got, dict) else None
+        if not isinstance(states, dict) or not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"the live state sent to replica group {self.replica} is not one: {type(got).__name__}")
+        missing = sorted(self.required - set(states))
+        if missing:
+            raise ValueError(f"the live state sent to replica group {self.replica} lacks {missing}")
+        for name, (_, load) in self._states.items():
+            load(states[name])
+        self._step = step
+        if self._on_received is not None:
+            self._on_received(len(payload), time.perf_counter() - start)
+
+
+def _plain(obj: Any) -> Any:
+    from ..torchft.transport import plain  # the same rule for both engines: mappings as dicts
+
+    return plain(obj)
+
+
+def _send(comm: Any, payload: bytes) -> None:
+    """Broadcast ``payload`` from rank 0: its length, then its bytes."""
+    MPI = _mpi.mpi()
+    comm.Bcast([np.array([len(payload)], dtype=np.int64), MPI.INT64_T], root=0)
+    comm.Bcast([np.frombuffer(bytearray(payload), dtype=np.uint8), MPI.BYTE], root=0)  # mpi4py wants it writable
+
+
+def _receive(comm: Any, limit: int = 1 << 34) -> bytes:
+    MPI = _mpi.mpi()
+    size = np.zeros(1, dtype=np.int64)
+    comm.Bcast([size, MPI.INT64_T], root=0)
+    if not 0 < int(size[0]) <= limit:
+        raise ValueError(f"the live replica groups announced {int(size[0])} bytes of state; accepted: 1 to {limit}")
+    data = np.empty(int(size[0]), dtype=np.uint8)
+    comm.Bcast([data, MPI.BYTE], root=0)
+    return data.tobytes()
+
+
+def start(command: list) -> tuple:
+    """Join the job: ``(manager, replica group, replica groups launched)``.
+
+    A process mpiexec started takes its ``COMM_WORLD`` rank as its replica group; a replacement merges with
+    the ranks that spawned it and learns the job's layout and step from them (its state comes at its first
+    step). ``command``: the worker's command line, for the replacements this process may start.
+
+    Raises:
+        RuntimeError: ULFM is not usable here (:func:`~polydist.backends.mpi4py.ulfm.support`'s reason).
+    """
+    MPI = _mpi.mpi()
+    replacements = settings.FT_REPLACEMENTS.read()
+    replicas = int(os.environ.get("NUM_REPLICA_GROUPS") or MPI.COMM_WORLD.Get_size())
+    if ulfm.is_replacement():
+        comm = ulfm.join_parent()
+        header = _header(codec.decode(_receive(comm)))
+        replica = settings.FT_REPLICA.read()
+        if replica is None:
+            raise RuntimeError(f"a replacement started without ${REPLICA}: start fault-tolerant MPI jobs with polydist run")
+        manager = UlfmManager(comm, header["replicas_of"], replica, header["step"], command, replacements)
+        manager._quorum_id, manager._replaced = header["quorum"], dict(header["replaced"])
+        manager._pending = _receive(comm)  # loaded at its first step, once the program registered its states
+        manager._learn_pids()
+        return manager, replica, replicas
+    reason = ulfm.support()
+    if reason is not None:
+        raise RuntimeError(reason)
+    comm = MPI.COMM_WORLD.Dup()
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    manager = UlfmManager(comm, list(range(comm.Get_size())), comm.Get_rank(), 0, command, replacements)
+    manager._learn_pids()
+    return manager, comm.Get_rank(), replicas
+
+
+def _header(header: Any) -> dict:
+    """The job's layout as the live ranks sent it to a replacement; ``ValueError`` if it is not one."""
+    ints = lambda xs: all(isinstance(x, int) and not isinstance(x, bool) for x in xs)  # noqa: E731
+    ok = (isinstance(header, dict) and isinstance(header.get("replicas_of"), list) and ints(header["replicas_of"])
+          and ints([header.get("step"), header.get("quorum")]) and isinstance(header.get("replaced"), dict)
+          and ints(header["replaced"]) and ints(header["replaced"].values()))  # fmt: skip
+    if not ok:
+        raise ValueError(f"the live ranks sent this replacement no job layout it can read: {type(header).__name__}")
+    return header
