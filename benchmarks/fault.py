@@ -74,7 +74,7 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -297,20 +297,23 @@ def worker_pid(launcher: int, rank: int, run: int) -> Optional[int]:
     ``RANK``, Hydra's ``PMI_RANK``, Open MPI's ``OMPI_COMM_WORLD_RANK``) and the restart count
     (``TORCHELASTIC_RESTART_COUNT``, ``POLYDIST_RESTART_COUNT`` under mpiexec).
     """
-    ranks = {f"{name}={rank}".encode() for name in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")}
-    runs = {f"{name}={run}".encode() for name in ("TORCHELASTIC_RESTART_COUNT", "POLYDIST_RESTART_COUNT")}
+    ranks = {f"{name}={rank}" for name in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK")}
+    runs = {f"{name}={run}" for name in ("TORCHELASTIC_RESTART_COUNT", "POLYDIST_RESTART_COUNT")}
+    return next((pid for pid, env in workers(launcher) if env & ranks and env & runs), None)
+
+
+def workers(launcher: int) -> Iterator[tuple[int, set]]:
+    """(pid, environment as a set of ``NAME=value``) of each ``polydist.launch.worker`` below the launcher."""
     for pid in descendants(launcher)[1:]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if b"polydist.launch.worker" not in f.read():
                     continue
             with open(f"/proc/{pid}/environ", "rb") as f:
-                env = set(f.read().split(b"\0"))
+                env = set(f.read().decode(errors="replace").split("\0"))
         except OSError:
             continue
-        if env & ranks and env & runs:
-            return pid
-    return None
+        yield pid, env
 
 
 # ------------------------------------------------------------------ injecting the faults

@@ -65,7 +65,7 @@ def is_fault_tolerant() -> bool:
 
 
 class FaultTolerance:
-    """This process's part in a fault-tolerant job: its replica group, the job's step, the torchft manager.
+    """This process's part in a fault-tolerant job: its replica group, the job's step, the engine's manager.
 
     Attributes:
         replica_group: this replica group's index, ``0 <= replica_group <
@@ -74,7 +74,10 @@ class FaultTolerance:
         rank: this process's rank in the whole job: ``replica_group *
             group size + polydist.get_rank()``; kept by a replacement.
         world_size: ranks in the whole job as launched (``num_replica_groups * group size``).
-        manager: torchft's ``Manager`` (for what polydist does not wrap).
+        manager: the engine's manager, for what polydist does not wrap: torchft's
+            ``Manager`` on gloo and nccl; on MPI,
+            :class:`polydist.backends.mpi4py.ft_manager.UlfmManager`, which
+            answers to the same calls.
     """
 
     def __init__(self, replica_group: int, num_replica_groups: int, group_rank: int, group_size: int,

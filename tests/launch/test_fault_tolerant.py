@@ -142,15 +142,20 @@ def test_without_replacements_the_others_finish_and_the_lost_group_is_given_up(c
 
 @pytest.mark.system
 @pytest.mark.parametrize("kind", ["kill", "hang"])
-def test_on_open_mpi_a_lost_rank_is_shrunk_away_and_replaced_by_a_spawned_one(cli_env, kind):
+def test_on_open_mpi_a_lost_rank_is_shrunk_away_and_replaced_by_a_spawned_one(cli_env, kind, tmp_path):
     """ULFM: the survivors see MPI_ERR_PROC_FAILED (a killed rank at once, a hung one from Open MPI's failure
     detector after --timeout), vote, shrink, discard the step and spawn the replacement, which receives the live
-    state; every rank ends with the same state."""
+    state; every rank ends with the same state. The survivors' dumps hold the failed all-reduce."""
     victim = 1 if kind == "kill" else 2
-    code, stdout, stderr = _run(cli_env, 3, f"{kind}:{victim}:30", "--timeout", "3", mpi=True)
+    code, stdout, stderr = _run(cli_env, 3, f"{kind}:{victim}:30", "--timeout", "3", "--trace-dir", str(tmp_path),
+                                mpi=True)  # fmt: skip
     report = _check_survived(code, stdout, stderr, 3, victim, "lost (a process failure, MPI_ERR_PROC_FAILED) at step")
     assert _starts(stdout)[victim] == [0, 1], stdout
     assert any(f"replica group {victim} rejoined" in line for line in report), report
+    dump = json.loads((tmp_path / "replica0" / "rank0.json").read_text())
+    failed = [e for e in dump["entries"] if e["state"] == "failed"]
+    assert dump["reason"] == "step discarded" and failed and failed[-1]["collective"] == "all_reduce", dump["entries"][-3:]
+    assert "MPI_ERR_PROC_FAILED" in failed[-1]["error"] or "MPI_ERR_REVOKED" in failed[-1]["error"], failed[-1]
 
 
 @pytest.mark.parametrize("kind", ["raise", "stop"])

@@ -24,7 +24,7 @@ from ..backends.mpi4py import job as mpi_job
 from .environment import detect
 from .. import settings
 from .process_setup import die_with_parent, mark_done, pids, prefix_output, record_pid, worker_errors, worker_setup
-from ..trace.dump import failed, ignore_exit_notices, install_signal_handlers, peers_dump
+from ..trace.dump import LEAVING, dump_trace, ignore_exit_notices, install_signal_handlers, peers_dump
 
 
 
@@ -110,7 +110,8 @@ def _run_fault_tolerant_mpi(argv: list) -> None:
 
 def _end_alone(exc: BaseException) -> None:
     traceback.print_exception(type(exc), exc, exc.__traceback__)
-    failed(exc)  # this rank's flight-recorder dump
+    # The dump without torch's symbolized stacks (seconds): until this process is gone the others wait for it
+    dump_trace(reason=LEAVING, error=exc)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)

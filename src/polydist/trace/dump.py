@@ -40,12 +40,13 @@ from ..errors import WorldMismatchError
 
 __all__ = [
     "dump_trace", "dump_path", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers",
-    "ignore_exit_notices", "FORMAT", "VERSION", "DUMP_NOTE", "DISCARDED",
+    "ignore_exit_notices", "FORMAT", "VERSION", "DUMP_NOTE", "DISCARDED", "LEAVING",
 ]  # fmt: skip
 
 FORMAT, VERSION = "polydist-trace", 1
 DISCARDED = "step discarded"  # the reason of a fault-tolerant job's dump when a lost peer made it discard a step
-QUICK = ("signal", "terminate", DISCARDED)  # dumps written without torch's symbolized stacks (see _write)
+LEAVING = "exception, leaving alone"  # a fault-tolerant MPI rank's own failure: the others wait for it to be gone
+QUICK = ("signal", "terminate", DISCARDED, LEAVING)  # dumps written without torch's symbolized stacks (see _write)
 DUMP_NOTE = "flight recorder dump of this rank"  # how the note timed_out adds to an error begins
 _lock = threading.RLock()  # one dump at a time; reentrant: a signal handler may run inside a dump, on its thread
 _earlier: Optional[tuple] = None  # (error, traceback) of this process's last dump that had an error

@@ -12,9 +12,10 @@ DDP hook serve both engines:
   it in (:func:`~polydist.backends.mpi4py.ulfm.grow`), then send the live
   state to it: a broadcast from the first live rank, in polydist's codec
   (never pickle), of every registered state and the step;
-* the DDP hook's all-reduce (``_pg.allreduce``): a blocking ``MPI_Allreduce``
-  (SUM) on the live communicator; a lost rank makes it raise
-  ``MPI_ERR_PROC_FAILED`` (or ``MPI_ERR_REVOKED``) on the others;
+* the DDP hook's all-reduce (``_pg.allreduce``): ``MPI_Allreduce`` (SUM) on
+  the live communicator, on a thread of its own (so that it overlaps
+  backward); a lost rank makes it fail with ``MPI_ERR_PROC_FAILED`` (or
+  ``MPI_ERR_REVOKED``) on the others;
 * ``should_commit()``: the vote (``MPI_Comm_agree``) on "no rank saw an
   error this step", over the live ranks; on a failure the survivors revoke
   and shrink the communicator (:func:`~polydist.backends.mpi4py.ulfm.shrink`)
@@ -28,6 +29,7 @@ is taken for lost, as a collective would have timed out on gloo.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import signal
@@ -41,6 +43,8 @@ import numpy as np
 import torch
 
 from ... import codec, settings
+from ...collectives.recorder import RECORDER
+from ..watchdog import GroupTag
 from . import _mpi, ulfm
 
 __all__ = ["UlfmManager", "start"]
@@ -49,11 +53,10 @@ REPLICA = settings.FT_REPLICA.name  # in a replacement's environment: the replic
 
 
 class _Work:
-    """A completed all-reduce, as torchft's process groups return it: ``get_future()`` of the result."""
+    """An all-reduce, as torchft's process groups return one: ``get_future()``, completed by the lane's thread."""
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    def __init__(self) -> None:
         self._future: torch.futures.Future = torch.futures.Future()
-        self._future.set_result([tensor])
 
     def get_future(self) -> torch.futures.Future:
         return self._future
@@ -64,20 +67,42 @@ class _LiveRanks:
 
     def __init__(self, manager: "UlfmManager") -> None:
         self._manager = manager
+        # One thread runs the all-reduces in order, so that a bucket's runs while backward computes the next
+        # (MPI_THREAD_MULTIPLE, mpi4py's default); DDP waits for them all before the commit vote's agree.
+        self._lane = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="polydist-ft-mpi")
 
     @property
     def _global_ranks(self) -> list:
         return list(self._manager.replicas_of)
 
     def allreduce(self, tensors: list, opts: Any) -> _Work:
+        """SUM ``tensors[0]`` in place over the live ranks; recorded in polydist's flight recorder, as the
+        Python groups' operations are (``polydist trace`` then shows it, and its failure)."""
         (tensor,) = tensors
         MPI = _mpi.mpi()
         buffer = tensor.detach().numpy() if tensor.device.type == "cpu" and tensor.is_contiguous() else None
         if buffer is None:
             raise TypeError(f"the MPI fault-tolerant all-reduce takes contiguous CPU tensors, got {tensor.device} "
                             f"(contiguous: {tensor.is_contiguous()})")  # fmt: skip
-        self._manager._comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-        return _Work(tensor)
+        manager = self._manager
+        record = RECORDER.start(manager.tag(), "all_reduce", manager._seq, "SUM", None, tensor, True) if RECORDER.on else None
+        manager._seq += 1
+        work, comm = _Work(), manager._comm
+
+        def run() -> None:
+            try:
+                comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+            except BaseException as exc:  # noqa: BLE001 - the hook reports it; the step fails, never backward
+                if record is not None:
+                    RECORDER.fail(record, exc)
+                work.get_future().set_exception(exc)
+                return
+            if record is not None:
+                RECORDER.end(record)
+            work.get_future().set_result([tensor])
+
+        self._lane.submit(run)
+        return work
 
 
 class UlfmManager:
@@ -107,6 +132,14 @@ class UlfmManager:
         # (replica group, how, number of its replacement or None when they ran out, replacements allowed)
         self.on_lost: Optional[Callable[[int, str, Optional[int], int], None]] = None
         self._pids: list = []  # (host, pid) of each rank of the communicator: see _learn_pids
+        self._tag: Optional[GroupTag] = None
+        self._seq = 0  # the all-reduces so far, for the records
+
+    def tag(self) -> GroupTag:
+        """The live ranks as polydist's flight recorder names a group: their replica groups, this one's."""
+        if self._tag is None or self._tag.ranks != tuple(self.replicas_of):
+            self._tag = GroupTag(tuple(self.replicas_of), self.replica, settings.TIMEOUT.read())
+        return self._tag
 
     # ---------------------------------------------------------------- torchft's Manager, as polydist calls it
 

@@ -17,16 +17,17 @@ calls but never returns from ``Shrink`` of a revoked communicator. :func:`suppor
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import shutil
 import subprocess
 import sys
 import threading
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 __all__ = [
-    "AgreementError", "agree", "grow", "is_process_failure", "is_replacement", "join_parent", "keep_progress",
+    "AgreementError", "agree", "grow", "is_process_failure", "is_replacement", "join_parent", "keep_progress", "progressing",
     "launcher_options", "launcher_support", "shrink", "support",
 ]
 
@@ -174,6 +175,17 @@ def keep_progress(interval: float = 0.05) -> threading.Event:
     return stop
 
 
+@contextlib.contextmanager
+def progressing(interval: float = 0.05) -> Iterator[None]:
+    """:func:`keep_progress` for the duration of a ``with`` block: around an MPI call that blocks without turning
+    the progress engine (``MPI_Comm_spawn``'s root waits on the runtime while the new processes start)."""
+    stop = keep_progress(interval)
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def is_process_failure(exc: BaseException) -> bool:
     """Whether ``exc`` is mpi4py's ``MPI.Exception`` of class ``ERR_PROC_FAILED``, ``ERR_PROC_FAILED_PENDING`` or
     ``ERR_REVOKED`` (a rank failed, or another rank revoked the communicator). False for anything else, and under
@@ -257,7 +269,10 @@ def grow(comm: Any, n: int, command: str, args: Sequence[str] = (), env: Optiona
         spawn_info.Set(key, str(value))
     errcodes: list = []
     try:
-        inter = comm.Spawn(command, list(args), maxprocs=n, info=spawn_info, root=root, errcodes=errcodes)
+        # The root waits in the runtime (PMIx) for seconds while the replacements start, without heartbeats: Open
+        # MPI's failure detector would declare it failed after its timeout.
+        with progressing() if MPI.Query_thread() == MPI.THREAD_MULTIPLE else contextlib.nullcontext():
+            inter = comm.Spawn(command, list(args), maxprocs=n, info=spawn_info, root=root, errcodes=errcodes)
     finally:
         spawn_info.Free()
     failed = [code for code in errcodes if code != MPI.SUCCESS]
