@@ -286,7 +286,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ranks = world if ft is None else ft.world_size  # the global batch is split over every rank of the job
     if args.batch_size % ranks:
         raise ValueError(
-            f"--batch-size {args.batch_size} is not divisible by the {ranks} ranks: "
+            f"--batch-size {args.batch_size} is not divisible by the world size {ranks}: "
             "the global batch is split evenly over the ranks"
         )
     device = pdist.device()

@@ -54,7 +54,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--max-restarts",
         "--max_restarts",
         type=int,
-        default=None,
+        default=0,
+        action=_Given,
         metavar="N",
         help="when a rank fails, stop the others and restart every worker, up to N times (announced on stderr "
         "with the failed rank and its traceback; the program reads polydist.restart_count()). Default 0: the job "
@@ -137,6 +138,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return run
 
 
+class _Given(argparse.Action):
+    """Stores the value and notes that it was given (``ns.<dest>_given``): torchrun's default stays in the
+    namespace, and a mode whose default differs (``--fault-tolerant``'s replacements) can tell."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def _nnodes(text: str) -> tuple:
     """``N`` or ``MIN:MAX`` (torchrun's form) as (min, max)."""
     low, sep, high = text.partition(":")
@@ -207,7 +217,6 @@ def _worker(ns: argparse.Namespace) -> list:
 
 def _launch(ns: argparse.Namespace) -> int:
     worker = _worker(ns)
-    ns.max_restarts = ns.max_restarts or 0
     if ns.backend and registry.get(ns.backend.lower()).lifecycle.needs_launcher == "mpiexec":
         return _run_mpi(ns, worker)
     os.environ[settings.LAUNCHER_PID.name] = str(os.getpid())  # the workers' parent: they die with it

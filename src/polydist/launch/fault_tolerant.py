@@ -83,7 +83,7 @@ def run(ns: argparse.Namespace, worker: list, trace_dir: str) -> int:
     """Run the job (``worker``: the worker's arguments); returns ``polydist run``'s exit code."""
     size = ns.replica_group_size
     replicas = ns.nproc_per_node // size
-    most = DEFAULT_MAX_RESTARTS if ns.max_restarts is None else ns.max_restarts
+    most = ns.max_restarts if getattr(ns, "max_restarts_given", False) else DEFAULT_MAX_RESTARTS
     common = {"NUM_REPLICA_GROUPS": str(replicas), settings.FAULT_TOLERANT.name: "1",
               settings.FT_MIN_REPLICAS.name: str(ns.min_replicas), settings.FT_GROUP_SIZE.name: str(size),
               settings.FT_REPLACEMENTS.name: str(most)}  # fmt: skip
