@@ -151,7 +151,10 @@ def test_on_open_mpi_a_lost_rank_is_shrunk_away_and_replaced_by_a_spawned_one(cl
                                 mpi=True)  # fmt: skip
     report = _check_survived(code, stdout, stderr, 3, victim, "lost (a process failure, MPI_ERR_PROC_FAILED) at step")
     assert _starts(stdout)[victim] == [0, 1], stdout
-    assert any(f"replica group {victim} rejoined" in line for line in report), report
+    lost_at = int(re.search(r"MPI_ERR_PROC_FAILED\) at step (\d+)", "\n".join(report)).group(1))
+    rejoined = [int(m.group(1)) for line in report for m in [re.search(rf"replica group {victim} rejoined at step (\d+)", line)] if m]
+    # the survivors trained on while the replacement started (seconds; steps of some 20 ms): spawned beside them
+    assert rejoined and rejoined[0] > lost_at + 1, report
     dump = json.loads((tmp_path / "replica0" / "rank0.json").read_text())
     failed = [e for e in dump["entries"] if e["state"] == "failed"]
     assert dump["reason"] == "step discarded" and failed and failed[-1]["collective"] == "all_reduce", dump["entries"][-3:]
@@ -165,6 +168,16 @@ def test_on_open_mpi_a_raising_or_stopped_rank_is_replaced_too(cli_env, kind):
     assert _starts(stdout)[0] == [0, 1], stdout
     if kind == "raise":
         assert "RuntimeError: injected fault" in stdout + stderr
+
+
+def test_on_open_mpi_a_replacement_still_starting_when_the_others_finish_is_told_to_leave(cli_env):
+    """A rank lost 3 steps before the end: the others finish before its replacement has started; they revoke the
+    communicator it waits on, it leaves without training, and the job succeeds with the survivors' state."""
+    code, stdout, stderr = _run(cli_env, 3, f"kill:1:{STEPS - 3}", "--timeout", "3", mpi=True)
+    report = _check_survived(code, stdout, stderr, 3, 1, "lost (a process failure, MPI_ERR_PROC_FAILED) at step")
+    assert _starts(stdout)[1] == [0], stdout  # the replacement never started training
+    assert "replica group 1: the live ranks gave this replacement up before sending it the state" in stdout + stderr
+    assert report[-1].startswith("polydist: fault-tolerant: replica groups 0, 2 finished"), report
 
 
 # ---------------------------------------------------------------- refused before any rank starts

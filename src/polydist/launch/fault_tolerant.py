@@ -143,6 +143,8 @@ def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: An
         if one_job and len(exits) == len(agents):  # mpiexec's exit code says little under ULFM: the log says more
             read()
             exits = {r: 0 if r in report.finished else 1 for r in agents}
+            # a replacement still joining when the others finished was told to leave by them (ft_growth)
+            report.stopped.update(r for r, code in exits.items() if code and report.left_behind(r))
         if not one_job and any(code == 0 for code in exits.values()):
             doomed = [r for r in agents if r not in exits and r not in report.stopped and report.left_behind(r)]
             if doomed:

@@ -139,7 +139,8 @@ def scenario_fail(MPI, np, folder: str, options: list, how: str) -> None:
         return report(**fields, error=None, seconds=(t_error - t_start) / 1000)
     new, found = recover(MPI, np, comm, error, t_error, folder, "veto" in options and rank == 1,
                          vote_first="vote_first" in options)  # fmt: skip
-    fields.update(found, agree_all=ulfm.agree(new, True))
+    # agree_bits: the bitwise AND of each live rank's flags (rank 0 says 0b110, rank 1 0b011: 0b010)
+    fields.update(found, agree_all=ulfm.agree(new, True), agree_bits=ulfm.agree_bits(new, 6 if rank == 0 else 3))
     if how == "freeze" and rank == 0:
         os.kill(pids[VICTIM], signal.SIGKILL)  # else the stopped rank keeps mpiexec waiting
     if "grow" in options:

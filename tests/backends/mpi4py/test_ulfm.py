@@ -181,6 +181,9 @@ def test_classification_and_options_need_no_mpi():
                      "mpi_ft_detector_timeout": "2"}  # fmt: skip
     with pytest.raises(ValueError):
         ulfm.launcher_options(0)
+    for bad in (-1, 1 << 31, True, 2.0):  # refused before any MPI call (comm is never touched)
+        with pytest.raises(ValueError, match=r"bits must be an int in \[0, 2\*\*31\), got"):
+            ulfm.agree_bits(None, bad)
 
 
 # ------------------------------------------------------------ failures
@@ -197,6 +200,7 @@ def test_a_killed_rank_is_shrunk_away_and_the_vote_is_an_and(tmp_path):
         assert r["step"] == 3 and r["new_rank"] == r["rank"], r  # the failing step; survivors keep their order
         assert r["agree_old"] is True and r["acked"] == 1, r  # the retry after acknowledging rank 2's failure
         assert r["committed"] is False and r["agree_all"] is True, r  # AND over both: one no is a no
+        assert r["agree_bits"] == 2, r  # several flags in one vote, each ANDed (the replacement's spawn uses two)
         assert 0 <= r["detect_ms"] < 10_000, r  # told by the runtime (no detector runs here), not by a timeout
     assert "MPI_ERR_PROC_FAILED" in [r["error"] for r in survivors], out[-6000:]  # at least one saw the failure
     _figures("kill", survivors, ("detect_ms", "agree_old_ms", "shrink_ms", "agree_ms"))

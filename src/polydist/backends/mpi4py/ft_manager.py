@@ -8,17 +8,21 @@ wrappers (:mod:`polydist.backends.torchft.wrappers`) call on torchft's
 DDP hook serve both engines:
 
 * ``start_quorum()`` (the optimizer's ``zero_grad``): when ranks were lost
-  and their replacements are due, spawn one per lost replica group and merge
-  it in (:func:`~polydist.backends.mpi4py.ulfm.grow`), then send the live
-  state to it: a broadcast from the first live rank, in polydist's codec
+  and their replacements are due, start spawning one, beside the training
+  (:class:`~polydist.backends.mpi4py.ft_growth.Growth`: the survivors go on
+  meanwhile); at the step after the one whose vote says every live rank's
+  spawn succeeded, switch to the communicator merged with it and send it the
+  live state: a broadcast from the first live rank, in polydist's codec
   (never pickle), of every registered state and the step;
 * the DDP hook's all-reduce (``_pg.allreduce``): ``MPI_Allreduce`` (SUM) on
   the live communicator, on a thread of its own (so that it overlaps
   backward); a lost rank makes it fail with ``MPI_ERR_PROC_FAILED`` (or
   ``MPI_ERR_REVOKED``) on the others;
 * ``should_commit()``: the vote (``MPI_Comm_agree``) on "no rank saw an
-  error this step", over the live ranks; on a failure the survivors revoke
-  and shrink the communicator (:func:`~polydist.backends.mpi4py.ulfm.shrink`)
+  error this step" (and on whether every live rank's spawn of a replacement
+  has ended: :class:`_Growth`), over the live ranks; on a failure the
+  survivors revoke and shrink the communicator
+  (:func:`~polydist.backends.mpi4py.ulfm.shrink`)
   and discard the step.
 
 A hung or stopped rank is declared failed by Open MPI's failure detector,
@@ -46,6 +50,7 @@ from ... import codec, settings
 from ...collectives.recorder import RECORDER
 from ..watchdog import GroupTag
 from . import _mpi, ulfm
+from .ft_growth import DONE, GROWN, Growth
 
 __all__ = ["UlfmManager", "start"]
 
@@ -134,6 +139,8 @@ class UlfmManager:
         self._pids: list = []  # (host, pid) of each rank of the communicator: see _learn_pids
         self._tag: Optional[GroupTag] = None
         self._seq = 0  # the all-reduces so far, for the records
+        self._growth: Optional[Growth] = None  # a replacement being spawned
+        self._switch = False  # the last vote found the spawn done on every live rank: merge at the next step
 
     def tag(self) -> GroupTag:
         """The live ranks as polydist's flight recorder names a group: their replica groups, this one's."""
@@ -171,22 +178,36 @@ class UlfmManager:
         if self._pending is not None:
             self._load(self._pending)
             self._pending, self._healing = None, True
-        due = [r for r in self._lost if self._replaced.get(r, 0) < self._budget]
-        self._lost = [r for r in self._lost if r not in due]
-        for replica in due:
+        if self._switch:
+            self._switch, growth, self._growth = False, self._growth, None
             try:
-                self._grow(replica)
-            except Exception as exc:  # noqa: BLE001 - a replacement that could not start: train on without it
-                print(f"polydist: replica group {replica} could not be replaced ({type(exc).__name__}: {exc})",
+                self._join(growth)
+            except Exception as exc:  # noqa: BLE001 - the replacement is lost again: this step's vote says so
+                print(f"polydist: replica group {growth.replica} could not be replaced ({type(exc).__name__}: {exc})",
                       file=sys.stderr, flush=True)  # fmt: skip
                 self._errored = exc
+        due = [r for r in self._lost if self._replaced.get(r, 0) < self._budget]
+        if self._growth is None and due:  # one at a time; the same on every live rank (the votes decided it)
+            replica = due[0]
+            self._lost.remove(replica)
+            self._replaced[replica] = self._replaced.get(replica, 0) + 1
+            env = {REPLICA: str(replica), settings.RESTART_COUNT.name: str(self._replaced[replica])}
+            self._growth = Growth(self._comm, replica, self._command, env)
 
     def should_commit(self, timeout: Optional[timedelta] = None) -> bool:
         """The vote of every live rank on this step; on a failure, the survivors shrink and the step is discarded."""
+        growth = self._growth
+        bits = (1 if self._errored is None else 0) | (growth.vote_bits() if growth is not None else 0)
         try:
-            ok = ulfm.agree(self._comm, self._errored is None)
+            got = ulfm.agree_bits(self._comm, bits)
         except ulfm.AgreementError as exc:  # raised on every live rank alike
-            self._errored, ok = self._errored or exc, False
+            self._errored, got = self._errored or exc, 0
+        ok = bool(got & 1)
+        if growth is not None and (not ok or got & DONE):  # the same decision on every live rank
+            if ok and got & GROWN:
+                self._switch = True
+            else:  # it failed somewhere, or the live ranks change: try again from the new communicator
+                self._give_up(growth, again=True)
         if not ok:  # the vote is the same on every live rank: all of them shrink, lost ranks or not
             self._shrink()
         else:
@@ -194,7 +215,9 @@ class UlfmManager:
         return ok
 
     def shutdown(self, wait: bool = True) -> None:
-        pass  # the communicator goes with MPI_Finalize
+        """The job ends: a replacement still joining is told to leave (nobody is left to give it the state)."""
+        if self._growth is not None:
+            self._give_up(self._growth, again=False)
 
     # ---------------------------------------------------------------- failures and replacements
 
@@ -225,12 +248,19 @@ class UlfmManager:
                 done = self._replaced.get(replica, 0)
                 self.on_lost(replica, "a process failure, MPI_ERR_PROC_FAILED", done + 1 if done < self._budget else None, self._budget)
 
-    def _grow(self, replica: int) -> None:
-        """Spawn the replacement of ``replica``, merge it in last, and send it the header and the state."""
-        self._replaced[replica] = self._replaced.get(replica, 0) + 1
-        env = {REPLICA: str(replica), settings.RESTART_COUNT.name: str(self._replaced[replica])}
-        merged = ulfm.grow(self._comm, 1, self._command[0], self._command[1:], env=env,
-                           info={"map_by": "slot:oversubscribe"})  # fmt: skip
+    def _give_up(self, growth: Growth, again: bool) -> None:
+        """Drop ``growth``: its spawn is waited for (bounded: the live ranks' timeout), its replacement told to
+        leave; with ``again``, its replica group is due again (while replacements are left)."""
+        growth.wait(settings.TIMEOUT.read() or 60.0)
+        growth.give_up()
+        self._growth, self._switch = None, False
+        if again:
+            self._lost.append(growth.replica)
+
+    def _join(self, growth: Growth) -> None:
+        """Switch to the communicator merged with ``growth``'s replacement (last) and send it the header and
+        the state."""
+        merged, replica = growth.merged, growth.replica
         self._comm, self.replicas_of = merged, self.replicas_of + [replica]
         self._quorum_id += 1
         _send(merged, codec.encode({"replicas_of": self.replicas_of, "step": self._step, "quorum": self._quorum_id,
@@ -294,7 +324,12 @@ def start(command: list) -> tuple:
     replicas = int(os.environ.get("NUM_REPLICA_GROUPS") or MPI.COMM_WORLD.Get_size())
     if ulfm.is_replacement():
         comm = ulfm.join_parent()
-        header = _header(codec.decode(_receive(comm)))
+        try:
+            header = _header(codec.decode(_receive(comm)))
+        except MPI.Exception as exc:  # revoked: the live ranks gave this replacement up (the job ended first...)
+            print(f"polydist: replica group {settings.FT_REPLICA.read()}: the live ranks gave this replacement up "
+                  f"before sending it the state ({exc.Get_error_string().strip()}); leaving", file=sys.stderr, flush=True)
+            os._exit(0)  # nothing to finalize with: the others have moved on
         replica = settings.FT_REPLICA.read()
         if replica is None:
             raise RuntimeError(f"a replacement started without ${REPLICA}: start fault-tolerant MPI jobs with polydist run")

@@ -27,8 +27,8 @@ import threading
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 __all__ = [
-    "AgreementError", "agree", "grow", "is_process_failure", "is_replacement", "join_parent", "keep_progress", "progressing",
-    "launcher_options", "launcher_support", "shrink", "support",
+    "AgreementError", "agree", "agree_bits", "grow", "is_process_failure", "is_replacement", "join_parent",
+    "keep_progress", "progressing", "launcher_options", "launcher_support", "shrink", "support",
 ]
 
 RESTART_ADVICE = "restart from checkpoints instead (polydist run --max-restarts N)"
@@ -235,10 +235,18 @@ def agree(comm: Any, flag: bool) -> bool:
         AgreementError: no agreement after repeated failures, or an MPI error
             other than a process failure (named in the message).
     """
+    return agree_bits(comm, 1 if flag else 0) == 1
+
+
+def agree_bits(comm: Any, bits: int) -> int:
+    """:func:`agree` on several flags at once: the bitwise AND of ``bits`` (a non-negative int below 2**31)
+    over the live ranks, the same on each of them (``MPI_Comm_agree`` ANDs its integer bit by bit)."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits < 1 << 31:
+        raise ValueError(f"bits must be an int in [0, 2**31), got {bits!r}")
     MPI = _mpi()
     for _ in range(_AGREE_TRIES):
         try:
-            return comm.Agree(1 if flag else 0) == 1
+            return comm.Agree(bits)
         except MPI.Exception as exc:
             if exc.Get_error_class() != MPI.ERR_PROC_FAILED or MPI.ERR_PROC_FAILED == MPI.ERR_UNKNOWN:
                 raise AgreementError(f"MPI_Comm_agree failed: {exc.Get_error_string().strip()}") from exc
