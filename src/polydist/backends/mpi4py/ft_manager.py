@@ -141,6 +141,8 @@ class UlfmManager:
         self._seq = 0  # the all-reduces so far, for the records
         self._growth: Optional[Growth] = None  # a replacement being spawned
         self._switch = False  # the last vote found the spawn done on every live rank: merge at the next step
+        # Between steps (loading, building the model, evaluating) the failure detector's heartbeats go on
+        self._heartbeats = ulfm.Heartbeats() if _mpi.mpi().Query_thread() == _mpi.mpi().THREAD_MULTIPLE else None
 
     def tag(self) -> GroupTag:
         """The live ranks as polydist's flight recorder names a group: their replica groups, this one's."""
@@ -175,6 +177,8 @@ class UlfmManager:
         """The step begins: its error is forgotten; lost replica groups with replacements left are replaced and
         a replacement's first step loads the state it received."""
         self._errored, self._healing = None, False
+        if self._heartbeats is not None:
+            self._heartbeats.pause()  # within a step the detector judges this rank as it is
         if self._pending is not None:
             self._load(self._pending)
             self._pending, self._healing = None, True
@@ -212,6 +216,8 @@ class UlfmManager:
             self._shrink()
         else:
             self._step += 1
+        if self._heartbeats is not None:
+            self._heartbeats.resume()
         return ok
 
     def shutdown(self, wait: bool = True) -> None:

@@ -24,10 +24,11 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 __all__ = [
-    "AgreementError", "agree", "agree_bits", "grow", "is_process_failure", "is_replacement", "join_parent",
+    "AgreementError", "Heartbeats", "agree", "agree_bits", "grow", "is_process_failure", "is_replacement", "join_parent",
     "keep_progress", "progressing", "launcher_options", "launcher_support", "shrink", "support",
 ]
 
@@ -173,6 +174,47 @@ def keep_progress(interval: float = 0.05) -> threading.Event:
     # Stopped before mpi4py's MPI_Finalize (a C-level exit hook, run after atexit's): no MPI call may overlap it.
     atexit.register(lambda: (stop.set(), thread.join()))
     return stop
+
+
+class Heartbeats:
+    """Open MPI's failure detector's heartbeats kept going while this rank is between training steps.
+
+    The detector takes a rank that turns no MPI progress for its timeout for failed, even one that computes:
+    every rank building its model and loading data before the first step would be declared failed by
+    the others. Between :meth:`pause` (a step begins) and :meth:`resume` (it ended) the detector judges
+    the rank as it is; outside steps a thread turns the progress engine (as :func:`keep_progress`), for
+    at most ``grace`` seconds per stretch, so that a rank hung outside any step is still declared
+    failed, ``grace`` plus the timeout later. Starts resumed.
+
+    Raises:
+        RuntimeError: MPI was not initialized with ``MPI_THREAD_MULTIPLE``.
+    """
+
+    def __init__(self, grace: float = 120.0, interval: float = 0.05) -> None:
+        MPI = _mpi()
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise RuntimeError("Heartbeats need MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level = 'multiple')")
+        self._grace, self._since, self._on = grace, time.monotonic(), True
+        self._stop = threading.Event()
+
+        def run() -> None:
+            while not self._stop.wait(interval):
+                if self._on and time.monotonic() - self._since < self._grace:
+                    MPI.COMM_SELF.Iprobe()
+
+        self._thread = threading.Thread(target=run, name="ulfm-heartbeats", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)  # before mpi4py's MPI_Finalize (see keep_progress)
+
+    def pause(self) -> None:
+        self._on = False
+
+    def resume(self) -> None:
+        self._since, self._on = time.monotonic(), True
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 @contextlib.contextmanager
