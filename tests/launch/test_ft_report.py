@@ -196,3 +196,55 @@ def test_nothing_is_written_outside_a_fault_tolerant_job(tmp_path, monkeypatch):
     monkeypatch.delenv("POLYDIST_FT_EVENTS", raising=False)
     ft_events.record("failed", 1, step=1, error="", since=0.0)
     assert os.listdir(tmp_path) == []
+
+
+class _Events:
+    """A fault log read as ft_events.Reader reads it: ``new()`` gives what was written since the last call."""
+
+    def __init__(self, events):
+        self._events = list(events)
+
+    def new(self):
+        events, self._events = self._events, []
+        return events
+
+
+@pytest.mark.timeout(60)
+def test_an_mpi_job_that_hangs_after_every_replica_group_finished_is_stopped_and_succeeds(monkeypatch, capsys):
+    """Open MPI's MPI_Finalize after a lost rank sometimes never returns: once every replica group logged that it
+    finished, the launcher gives mpiexec a grace period, then stops it; the job succeeds on the states' digests."""
+    import subprocess
+    import sys
+    import time
+
+    from polydist.launch import fault_tolerant
+
+    monkeypatch.setattr(fault_tolerant, "_FINISHED_GRACE_S", 0.5)
+    monkeypatch.setattr(fault_tolerant, "_STOP_GRACE_S", 5.0)
+    mpiexec = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # a hung mpiexec
+    events = _Events([ev("finished", r, 9.0, step=100, digest="ab" * 32) for r in range(3)])
+    start = time.monotonic()
+    try:
+        code = fault_tolerant._supervise({r: mpiexec for r in range(3)}, Report(3), events, None, one_job=True)
+    finally:
+        mpiexec.kill()
+    assert code == 0
+    assert time.monotonic() - start < 10
+    err = capsys.readouterr().err
+    assert "every replica group finished, but mpiexec had not ended 0.5 s later" in err
+    assert "finished at step 100 with identical model and optimizer state" in err
+
+
+@pytest.mark.timeout(60)
+def test_an_mpi_job_is_not_stopped_while_a_replica_group_has_not_finished(monkeypatch):
+    import subprocess
+    import sys
+
+    from polydist.launch import fault_tolerant
+
+    monkeypatch.setattr(fault_tolerant, "_FINISHED_GRACE_S", 0.2)
+    mpiexec = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])  # ends by itself, after 3 s
+    events = _Events([ev("finished", r, 9.0, step=100, digest="ab" * 32) for r in range(2)])  # 2 of 3 finished
+    code = fault_tolerant._supervise({r: mpiexec for r in range(3)}, Report(3), events, None, one_job=True)
+    assert mpiexec.returncode == 0  # it ended on its own: never stopped
+    assert code == 1  # replica group 2 never finished

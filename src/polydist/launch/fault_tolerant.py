@@ -49,6 +49,7 @@ __all__ = ["refusal", "run", "DEFAULT_MAX_RESTARTS"]
 DEFAULT_MAX_RESTARTS = 3  # replacements per replica group when --max-restarts is not given
 _POLL_S = 0.1
 _STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL for agents stopped by the launcher
+_FINISHED_GRACE_S = 60.0  # on MPI, how long mpiexec may take to end once every replica group finished
 
 
 def _engine(ns: argparse.Namespace) -> Optional[str]:
@@ -126,6 +127,7 @@ def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: An
     """Follow the job until every agent ended (``agents``: replica group -> its process; ``one_job``: one process,
     mpiexec, runs them all, and a replica group finished when it said so); print the report; the exit code."""
     exits: dict[int, int] = {}
+    finished_at: Optional[float] = None  # one_job: when every replica group had finished or was left behind
 
     def read() -> None:
         for event in reader.new():
@@ -140,6 +142,13 @@ def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: An
         for replica, agent in agents.items():
             if replica not in exits and agent.poll() is not None:
                 exits[replica] = agent.returncode
+        if one_job and len(exits) < len(agents) and _all_done(report, agents):
+            finished_at = finished_at or time.monotonic()
+            if time.monotonic() - finished_at > _FINISHED_GRACE_S:  # the state is safe: end what hangs after it
+                print(f"polydist: fault-tolerant: every replica group finished, but mpiexec had not ended "
+                      f"{_FINISHED_GRACE_S:g} s later (Open MPI's MPI_Finalize after a lost rank): stopping it",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                _stop({next(iter(agents.values()))})
         if one_job and len(exits) == len(agents):  # mpiexec's exit code says little under ULFM: the log says more
             read()
             exits = {r: 0 if r in report.finished else 1 for r in agents}
@@ -158,6 +167,13 @@ def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: An
     for line in lines:
         print(line, file=sys.stderr, flush=True)
     return 0 if ok else 1
+
+
+def _all_done(report: Report, replicas: dict) -> bool:
+    """Whether every replica group finished, was given up, or was left behind by those that finished (a
+    replacement still joining: the others told it to leave)."""
+    done = set(report.finished) | report.given_up
+    return bool(report.finished) and all(r in done or report.left_behind(r) for r in replicas)
 
 
 def _stop(agents: object) -> None:

@@ -17,6 +17,8 @@ Scenarios (3 ranks; rank 2 is the victim, in step 3 of a loop of Allreduces):
         rank 0 SIGKILLs it at the end.
     busy: the victim computes 6 s without calling MPI; nobody may fail.
     revoke: a Revoke from a thread while its own rank waits in an Allreduce (see scenario_revoke).
+    late_finish: every rank runs ``Heartbeats``; rank 0 calls ``finalize()`` at once, the others
+        after computing 6 s outside MPI; nobody may be declared failed.
 ``progress``: every rank runs ``keep_progress()``.
 """
 
@@ -203,6 +205,21 @@ def scenario_replacement(MPI, np, folder: str, options: list) -> None:
     report(**fields)
 
 
+def scenario_late_finish(MPI, np) -> None:
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    ulfm.Heartbeats()
+    fields = dict(rank=rank, sum=allreduce(MPI, np, comm, rank + 1.0))
+    if rank != 0:
+        end = time.monotonic() + BUSY_S  # the slow part of a rank's end (evaluating, writing, the interpreter's exit)
+        while time.monotonic() < end:
+            sum(range(10000))
+    report(**fields)
+    ulfm.finalize()
+    ulfm.finalize()  # idempotent
+    report(rank=rank, finalized=MPI.Is_finalized())
+
+
 def main() -> None:
     scenario, folder, options = sys.argv[1], sys.argv[2], sys.argv[3:]
     from mpi4py import MPI
@@ -217,6 +234,8 @@ def main() -> None:
         scenario_revoke(MPI, np)
     elif scenario == "replacement":
         scenario_replacement(MPI, np, folder, options)
+    elif scenario == "late_finish":
+        scenario_late_finish(MPI, np)
     elif scenario in ("kill", "freeze", "busy"):
         scenario_fail(MPI, np, folder, options, scenario)
     else:

@@ -254,6 +254,17 @@ def test_a_rank_computing_outside_mpi_is_not_taken_for_frozen(tmp_path):
     assert "reported dead" not in out, out[-6000:]  # Open MPI's words when its detector took a live rank for dead
 
 
+def test_finalize_keeps_the_heartbeats_going_until_mpi_finalize(tmp_path):
+    """A rank that finishes 6 s after another (the detector's timeout: 2 s) is not declared failed by the one
+    waiting in MPI_Finalize: ulfm.finalize() stops the heartbeats only at MPI_Finalize, not at the start of the
+    interpreter's exit, and the job ends."""
+    code, records, out = run_job("openmpi", "late_finish", tmp_path, ulfm.launcher_options(2.0))
+    assert code == 0, out[-6000:]
+    assert sorted(r["rank"] for r in records if r.get("finalized")) == [0, 1, 2], out[-6000:]
+    assert all(r["sum"] == 6.0 for r in records if "sum" in r), out[-6000:]
+    assert "reported dead" not in out, out[-6000:]
+
+
 def test_a_revoke_from_another_thread_ends_a_wait_on_its_own_rank(tmp_path):
     """A watchdog thread's Revoke of the communicator a collective waits on ends that wait on its own rank (and
     the others'); the late rank may still complete the same collective, and the vote makes the step fail on all."""

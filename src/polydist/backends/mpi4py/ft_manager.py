@@ -195,7 +195,10 @@ class UlfmManager:
             replica = due[0]
             self._lost.remove(replica)
             self._replaced[replica] = self._replaced.get(replica, 0) + 1
-            env = {REPLICA: str(replica), settings.RESTART_COUNT.name: str(self._replaced[replica])}
+            # OMP_NUM_THREADS: the live ranks' share of the cores (a spawned process counts one local rank, and
+            # took them all: 2 OpenMP threads among 4 busy ranks on 2 cores hung in MKL's sgemm, 2 runs of 8)
+            env = {REPLICA: str(replica), settings.RESTART_COUNT.name: str(self._replaced[replica]),
+                   "OMP_NUM_THREADS": str(torch.get_num_threads())}  # fmt: skip
             self._growth = Growth(self._comm, replica, self._command, env)
 
     def should_commit(self, timeout: Optional[timedelta] = None) -> bool:

@@ -28,7 +28,8 @@ import time
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 __all__ = [
-    "AgreementError", "Heartbeats", "agree", "agree_bits", "grow", "is_process_failure", "is_replacement", "join_parent",
+    "AgreementError", "Heartbeats", "agree", "agree_bits", "finalize", "grow", "is_process_failure", "is_replacement",
+    "join_parent",
     "keep_progress", "progressing", "launcher_options", "launcher_support", "shrink", "support",
 ]
 
@@ -205,6 +206,7 @@ class Heartbeats:
         self._thread = threading.Thread(target=run, name="ulfm-heartbeats", daemon=True)
         self._thread.start()
         atexit.register(self.stop)  # before mpi4py's MPI_Finalize (see keep_progress)
+        _HEARTBEATS.add(self)
 
     def pause(self) -> None:
         self._on = False
@@ -215,6 +217,24 @@ class Heartbeats:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        _HEARTBEATS.discard(self)
+
+
+_HEARTBEATS: set = set()  # the live ones, which finalize() stops
+
+
+def finalize() -> None:
+    """``MPI_Finalize`` now, the heartbeats going on until just before it. Idempotent.
+
+    At interpreter exit the heartbeats stop with the ``atexit`` handlers, and mpi4py's
+    ``MPI_Finalize`` comes only after the interpreter's teardown: seconds on a loaded machine,
+    during which the others' failure detector (timeout: the collective timeout) declared a
+    finished rank failed, and ULFM's finalize then hung the job (2 of 10 runs)."""
+    for heartbeats in list(_HEARTBEATS):
+        heartbeats.stop()
+    MPI = _mpi()
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 @contextlib.contextmanager
