@@ -158,14 +158,24 @@ def _table(func: Function, names: dict[str, str], long_names: dict[str, str]) ->
                        for o in func.overloads}) > 1]
     header = "| " + " | ".join(f"`{name}`" for name in varying) + " | returns |"
     rows = [header, "|" + "---|" * (len(varying) + 1)]
+    narrowed: dict = {}  # (column, the row's other cells) -> a narrower value an earlier row took in that column
     for overload in func.overloads:
         raw = {p.name: str(p.annotation) for p in overload.parameters}
         cells = []
         for name in varying:
             value = raw.get(name)
             cells.append(long_names.get(value) or _cell(_clean(value, names)) if value else "")
+        for i, name in enumerate(varying):
+            others = tuple(c for j, c in enumerate(cells) if j != i)
+            if raw.get(name) in long_names:
+                narrowed[(i, others)] = True
+            elif narrowed.get((i, others)):  # a row after a narrower one of the same types takes the rest
+                cells[i] = f"any other ({cells[i]})"
         same = next((n for n, a in raw.items() if a == str(overload.returns) and a.startswith("_") and a in names), None)
-        cells.append(f"the type of `{same}`" if same else _cell(_clean(overload.returns, names)))
+        returns = f"the type of `{same}`" if same else _cell(_clean(overload.returns, names))
+        if returns == "`Any`" and "async_op" in varying and raw.get("async_op") == "bool":
+            returns = "as the rows above: `Work` when `async_op` is true"  # a bool known only when run
+        cells.append(returns)
         rows.append("| " + " | ".join(cells) + " |")
     return "Accepted and returned types:\n\n" + "\n".join(rows) + "\n\n"
 

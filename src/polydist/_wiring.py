@@ -14,7 +14,7 @@ from . import context, ft
 from .backends import registry
 from .backends.mpi4py import job as mpi_job
 from .collectives import debug, timeouts
-from .launch import announced, environment
+from .launch import announced, environment, process_setup
 from .trace import dump, profile
 
 __all__ = ["wire"]
@@ -32,6 +32,8 @@ def wire() -> None:
     registry.world = registry.World(environment.launcher, announced.check_group, announced.refuse)
     # whenever a world is made or adopted, from any thread: SIGUSR1 (and a launcher's SIGTERM) dump
     context.on_world_made.append(dump.install_signal_handlers)
+    # and, with $POLYDIST_TRACE_DIR set, an uncaught exception dumps under any launcher (torchrun, srun, ...)
+    context.on_world_made.append(process_setup.dump_when_uncaught)
     # at the end of initialize(), where every rank is: polydist run --profile-comms
     context.on_initialized.append(profile.start_session)
     # then, under polydist run --fault-tolerant: this replica group joins the job (torchft's manager)

@@ -11,9 +11,24 @@ from typing import Optional, Sequence
 __all__ = ["main"]
 
 
+class _Command(argparse.ArgumentParser):
+    """A subcommand's parser: an argument it does not know is an error with the subcommand's own usage.
+
+    argparse hands a subcommand's unknown arguments up to ``polydist``'s
+    parser, whose usage (``polydist [-h] {run,bench,trace,info}``) names none
+    of the subcommand's options.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        ns, extra = super().parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns, extra
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polydist", description="Run distributed PyTorch programs on any backend.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Command)
 
     from .launch import cli as run
 

@@ -94,9 +94,11 @@ def initialize(
             else PyTorch's default (30 min on gloo, 10 min on nccl). On gloo
             and nccl, joining the group waits at least 2 min whatever the
             timeout, so slow-starting ranks do not fail the rendezvous. MPI
-            collectives have no timeout (the MPI standard has none): on the
-            ``mpi`` backend a rank that raises ends the job with
-            ``MPI_Abort`` and a rank that dies is ended by ``mpiexec``.
+            itself has no collective timeout: on the ``mpi`` backend
+            polydist's watchdog bounds every operation by it (it names the
+            missing ranks, writes the dumps, then ``MPI_Abort``), a rank that
+            raises ends the job with ``MPI_Abort`` and a rank that dies is
+            ended by ``mpiexec``.
         rank: this process's rank, overriding what the launcher exported.
         world_size: the number of ranks, overriding what the launcher exported.
         **kwargs: passed on to ``torch.distributed.init_process_group``.

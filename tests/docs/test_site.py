@@ -157,6 +157,23 @@ def test_signatures_show_the_types_the_stubs_know(site):
     assert {"all_reduce", "broadcast", "all_gather", "scatter"} <= set(tabled), tabled
 
 
+def test_the_types_tables_say_what_each_row_returns(site):
+    """all_reduce's table of accepted and returned types: no row returns a bare ``Any``, and no two rows accept
+    the same types yet return different ones (an int with SUM is an int; with any other op, int or float)."""
+    entries = {name: entry for name, entry, _ in _entries(os.path.join(SITE, "reference", "collectives", "index.html"))}
+    for name in ("polydist.all_reduce", "polydist.reduce"):
+        table = re.search(r"Accepted and returned types:</p>\s*<table>(.*?)</table>", entries[name], re.S)
+        assert table, name
+        rows = [[html.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<td>(.*?)</td>", r, re.S)]
+                for r in re.findall(r"<tr>(.*?)</tr>", table.group(1), re.S)]
+        rows = [r for r in rows if r]
+        assert len(rows) >= 8, (name, rows)
+        assert [r for r in rows if r[-1] == "Any"] == [], (name, rows)
+        accepted = [tuple(r[:-1]) for r in rows]
+        assert len(set(accepted)) == len(accepted), (name, rows)
+        assert any(c.startswith("any other") for r in rows for c in r), (name, rows)
+
+
 def _page_file(page: str) -> str:
     return os.path.join(SITE, page, "index.html")
 

@@ -99,7 +99,8 @@ class Lifecycle:
 
     def after_join(self) -> None:
         """Once a default group exists that met by its :attr:`init_url` or took its ranks from it (MPI: abort the
-        job on an uncaught exception, as MPI collectives have no timeout). Must be idempotent."""
+        job on an uncaught exception, rather than leave the others waiting for the group's timeout). Must be
+        idempotent."""
 
     def launch_advice(self, info: Any, who: str) -> Optional[str]:
         """What to do when its group is not the world a launcher (``who``, in words) announced; None: nothing

@@ -131,6 +131,13 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
             complex), or a dtype/op the group's backend cannot reduce (naming
             both and the backend), before anything is sent; ``tensor``
             neither tensor(s) nor number.
+        CollectiveTimeoutError: the group's other ranks did not all arrive
+            within its timeout; names the ranks that did not. A
+            ``RuntimeError``, raised in place of the backend's own timeout
+            error; with ``async_op=True``, by the handle's ``wait()``.
+        RuntimeError: the backend's own error when a peer is lost mid-call
+            (gloo: "Connection closed by peer"); on MPI the job ends with
+            ``MPI_Abort`` instead.
 
     Source: ``torch.distributed.all_reduce``; idist ``all_reduce`` for values.
     """
@@ -224,6 +231,7 @@ def reduce(tensor: Any, dst: int = 0, op: OpLike = "SUM", group: GroupLike = Non
         ValueError: unknown ``op``; ``dst`` not in the group; bad ``group``.
         TypeError: ``op`` undefined on the dtype, or not reduced by the
             backend (see :func:`all_reduce`); ``dst`` not an int.
+        CollectiveTimeoutError, RuntimeError: as :func:`all_reduce`.
 
     Source: ``torch.distributed.reduce``.
     """
@@ -312,6 +320,7 @@ def reduce_scatter(tensor: torch.Tensor, op: OpLike = "SUM", group: GroupLike = 
         TypeError: ``tensor`` is not a tensor; ``op`` undefined on its dtype,
             or not reduced by the backend (see :func:`all_reduce`).
         ValueError: unknown ``op``; ``tensor`` is 0-dim; bad ``group``.
+        CollectiveTimeoutError, RuntimeError: as :func:`all_reduce`.
 
     Source: ``torch.distributed.reduce_scatter_tensor`` (which needs dim 0
     divisible by the group size; this does not).

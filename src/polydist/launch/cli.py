@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from .. import settings
 from ..backends import registry
 from ..errors import WorkerFailedError
-from . import fault_tolerant, mpiexec
+from . import fault_tolerant, mpiexec, torchrun_flags
 from .elastic import launch
 from .fault_tolerant import DEFAULT_MAX_RESTARTS
 from .restarts import rerun
 from .trace_dir import job_trace_dir
+from .worker_logs import announce_log_dir
 
 __all__ = ["add_parser", "run", "BACKENDS"]
 
@@ -32,12 +37,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     run = subparsers.add_parser(
         "run",
         help="run SCRIPT on N processes per node (PyTorch's elastic agent underneath)",
-        description="Run SCRIPT [ARGS...] (or -m MODULE) as every rank of a job. Output lines are prefixed "
-        "with the rank; when a rank raises, exits non-zero or dies, the others are stopped, its traceback is "
-        "shown and the exit code is 1 (or, with --max-restarts, every worker starts again). The workers die with "
-        "the launcher.",
+        description="Run SCRIPT [ARGS...] (or -m MODULE, or with --no-python a program) as every rank of a job. "
+        "Output lines are prefixed with the rank; when a rank raises, exits non-zero or dies, the others are "
+        "stopped, its traceback is shown and the exit code is 1 (or, with --max-restarts, every worker starts "
+        "again). The workers die with the launcher. torchrun's flags mean what they mean to torchrun: a torchrun "
+        "command line runs with polydist run in torchrun's place.",
     )
-    run.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, metavar="N")
+    run.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=torchrun_flags.nproc_per_node,
+        default=1,
+        metavar="N|auto|cpu|gpu|xpu",
+        help="ranks started on this node (default 1); auto: one per GPU (accelerator) if there is one, else one "
+        "per CPU; cpu: one per CPU; gpu, xpu: one per device of that kind (an error where there is none)",
+    )
     run.add_argument("--backend", default=None, help=f"{', '.join(BACKENDS)} (default: nccl with CUDA, else gloo)")
     run.add_argument(
         "--nnodes",
@@ -115,7 +129,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="collective timeout (with --fault-tolerant: how long the others wait for a hung replica group, "
         "default 60): a collective that waits longer raises polydist.CollectiveTimeoutError naming the "
         "ranks that did not arrive (exported as $POLYDIST_TIMEOUT, which polydist.initialize() reads when given no "
-        "timeout; default: PyTorch's, 30 min on gloo). MPI collectives have no timeout.",
+        "timeout, and the default of the groups the program creates with torch's init_process_group or new_group "
+        "without one; default: PyTorch's, 30 min on gloo). On --backend mpi the group's watchdog names the operation "
+        "and the ranks that did not arrive in the same words, writes the dumps, and ends the job (MPI_Abort: a "
+        "blocked MPI call cannot be cancelled)",
     )
     run.add_argument(
         "--trace-dir",
@@ -132,7 +149,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "calls, bytes, times, algbw/busbw, and the ranks that arrive last (polydist.comms_profile)",
     )
     run.add_argument("--no-prefix", action="store_true", help="do not prefix output lines with the rank")
-    run.add_argument("-m", dest="module", action="store_true", help="SCRIPT is a module name, as python -m")
+    run.add_argument("-m", "--module", dest="module", action="store_true", help="SCRIPT is a module name, as python -m")
+    torchrun_flags.add(run)
     run.add_argument("script", metavar="SCRIPT")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
     return run
@@ -182,14 +200,8 @@ def _seconds(text: str) -> float:
 
 def run(ns: argparse.Namespace) -> int:
     """Run ``polydist run`` from its parsed arguments (see :func:`add_parser`); returns the exit status."""
-    if not ns.module and not os.path.exists(ns.script):
-        print(f"polydist run: no such script: {ns.script}", file=sys.stderr)
-        return 2
-    if ns.backend is not None and ns.backend.lower() not in registry.names():  # before any rank or dump folder
-        print(f"polydist run: unknown backend {ns.backend!r}; use one of: {', '.join(BACKENDS)}", file=sys.stderr)
-        return 2
-    refused = fault_tolerant.refusal(ns) if ns.fault_tolerant else None
-    if refused:
+    refused = _refusal(ns)
+    if refused:  # before any rank, dump folder or log folder
         print(f"polydist run: {refused}", file=sys.stderr)
         return 2
     # This is the launcher's own process: its environment is ours to set, and
@@ -209,6 +221,35 @@ def run(ns: argparse.Namespace) -> int:
         return _launch(ns)
 
 
+def _refusal(ns: argparse.Namespace) -> Optional[str]:
+    """What is wrong with the command line that only the launcher can tell (one line), or None."""
+    refused = torchrun_flags.settle(ns)  # first: flags that do not go together
+    if refused:
+        return refused
+    if ns.no_python and not shutil.which(ns.script):
+        return f"--no-python: no executable program {ns.script} (a path, or a name on PATH)"
+    if not ns.module and not ns.no_python and not os.path.exists(ns.script):
+        return f"no such script: {ns.script}"
+    if ns.backend is not None and ns.backend.lower() not in registry.names():
+        return f"unknown backend {ns.backend!r}; use one of: {', '.join(BACKENDS)}"
+    return _not_on_the_agent(ns) or (fault_tolerant.refusal(ns) if ns.fault_tolerant else None)
+
+
+def _not_on_the_agent(ns: argparse.Namespace) -> Optional[str]:
+    """A refusal of the elastic agent's flags where another launcher starts the ranks, or None."""
+    if ns.fault_tolerant:
+        return torchrun_flags.refusal(ns, "--fault-tolerant", "each replica group is started on its own, with "
+                                      "polydist's worker entry and output")  # fmt: skip
+    if _on_mpiexec(ns):
+        return torchrun_flags.refusal(ns, f"--backend {ns.backend}", "mpiexec starts the ranks (through polydist's "
+                                      "worker entry), not PyTorch's elastic agent, whose setting it is")  # fmt: skip
+    return None
+
+
+def _on_mpiexec(ns: argparse.Namespace) -> bool:
+    return bool(ns.backend) and registry.get(ns.backend.lower()).lifecycle.needs_launcher == "mpiexec"
+
+
 def _worker(ns: argparse.Namespace) -> list:
     """The arguments of every worker process: polydist's worker entry, then the script (or module) and its own."""
     target = ["-m", ns.script] if ns.module else [ns.script]
@@ -217,41 +258,64 @@ def _worker(ns: argparse.Namespace) -> list:
 
 def _launch(ns: argparse.Namespace) -> int:
     worker = _worker(ns)
-    if ns.backend and registry.get(ns.backend.lower()).lifecycle.needs_launcher == "mpiexec":
+    if _on_mpiexec(ns):
         return _run_mpi(ns, worker)
     os.environ[settings.LAUNCHER_PID.name] = str(os.getpid())  # the workers' parent: they die with it
     min_nodes, max_nodes = ns.nnodes
-    return _reporting(
-        lambda: launch(
-            sys.executable,
-            worker,
-            ns.nproc_per_node,
-            nnodes=max_nodes,
-            node_rank=ns.node_rank,
-            master_addr=ns.master_addr,
-            master_port=ns.master_port,
-            prefix_output=not ns.no_prefix,
-            max_restarts=ns.max_restarts,
-            min_nodes=min_nodes,
-            rdzv_endpoint=ns.rdzv_endpoint,
-            rdzv_id=ns.rdzv_id,
-            rdzv_conf=ns.rdzv_conf,
-            local_addr=ns.local_addr,
+    # --no-python: the program itself is each rank, as under torchrun (without polydist's worker entry)
+    program, args = (ns.script, ns.args) if ns.no_python else (sys.executable, worker)
+    with announce_log_dir(ns.log_dir, "polydist run"):
+        return _reporting(
+            lambda: launch(
+                program,
+                args,
+                ns.nproc_per_node,
+                nnodes=max_nodes,
+                node_rank=ns.node_rank,
+                master_addr=ns.master_addr,
+                master_port=ns.master_port,
+                prefix_output=not ns.no_prefix,
+                logs=torchrun_flags.logs(ns),
+                max_restarts=ns.max_restarts,
+                min_nodes=min_nodes,
+                rdzv_endpoint=ns.rdzv_endpoint,
+                rdzv_id=ns.rdzv_id,
+                rdzv_conf=ns.rdzv_conf,
+                local_addr=ns.local_addr,
+            )
         )
-    )
 
 
 def _reporting(start: Callable[[], Any]) -> int:
     """Run a launch; its outcome as ``polydist run``'s exit code: 0, 1 (a rank failed: report), 2 (bad use)."""
     try:
         start()
+    except (KeyboardInterrupt, SignalException) as exc:  # Ctrl-C, or SIGTERM: torch's agent ended the ranks
+        signum = getattr(exc, "sigval", signal.SIGINT)
+        print(f"polydist run: stopped by {signal.Signals(signum).name}; every rank was ended", file=sys.stderr,
+              flush=True)  # fmt: skip
+        return 128 + int(signum)
     except WorkerFailedError as exc:
-        print(f"polydist run: job failed\n{exc}", file=sys.stderr, flush=True)
+        finding = _finding()  # what the dumps say first: which rank never came, and where it was
+        print(f"polydist run: job failed{': ' + finding if finding else ''}\n{exc}", file=sys.stderr, flush=True)
         return 1
     except (ValueError, FileNotFoundError) as exc:  # bad sizes or addresses; no mpiexec
         print(f"polydist run: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _finding() -> Optional[str]:
+    """The trace's first finding from the job's dumps (polydist trace's stuck call or disagreement), or None."""
+    folder = settings.TRACE_DIR.read()
+    if not folder or not os.path.isdir(folder):
+        return None
+    from ..trace.analyze import diagnose, load  # the reader: only once a job failed
+
+    try:
+        return diagnose(load(folder)).headline()
+    except Exception:  # noqa: BLE001 - the report goes on without it
+        return None
 
 
 def _run_mpi(ns: argparse.Namespace, worker: list) -> int:

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
-import tempfile
 import uuid
 from typing import Any, Callable, Optional, Sequence, Union
 
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -43,6 +43,7 @@ from ..trace.dump import DUMP_NOTE
 from .liveness import NO_TRACEBACK, Watch, end_frozen, note_of
 from .restarts import announce, check_max_restarts, exhausted
 from .process_setup import PEER_GONE, signal_name
+from .worker_logs import Logs, logs_specs
 
 __all__ = ["launch"]
 
@@ -179,6 +180,7 @@ def launch(
     prefix: str = RANK_PREFIX,
     on_restart: Optional[Callable[[Optional[dict], int, int], None]] = None,
     first_rank: int = 0,
+    logs: Optional[Logs] = None,
     **job: Any,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` (a picklable function or an executable) in
@@ -192,7 +194,9 @@ def launch(
 
     Returns ``{global rank: return value}`` for this node's workers (None
     values for an executable). With ``prefix_output`` each output line is
-    prefixed ``prefix`` (default ``[rankN]: ``; torch's template, ``${rank}`` the global rank). A worker stopped for ``POLYDIST_FROZEN_AFTER``
+    prefixed ``prefix`` (default ``[rankN]: ``; torch's template, ``${rank}`` the global rank). ``logs``: torchrun's
+    ``--log-dir``, ``--redirects``, ``--tee`` and ``--local-ranks-filter`` (:mod:`~polydist.launch.worker_logs`;
+    default: the console only). A worker stopped for ``POLYDIST_FROZEN_AFTER``
     seconds is ended as failed once the others wrote their flight-recorder
     dumps into ``trace_dir`` (default ``$POLYDIST_TRACE_DIR``). When a worker fails and fewer than
     ``max_restarts`` restarts were made, every worker is stopped and started
@@ -201,14 +205,13 @@ def launch(
     (after the others were stopped). ``ValueError`` for bad sizes or
     addresses.
     """
-    with tempfile.TemporaryDirectory(prefix="polydist-logs-") as log_dir:
-        tee = Std.ALL if prefix_output else Std.NONE
-        specs = DefaultLogsSpecs(log_dir=log_dir, tee=tee)
+    with logs_specs(logs, nproc_per_node, prefix_output) as specs:
         cfg = _config(nproc_per_node, specs, prefix if prefix_output else None, **job)
         nnodes = cfg.max_nodes
         announce_restart = on_restart or (lambda failures, done, most: _announce_restart(failures, done, most, nnodes))
         agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
         agent_log.addFilter(_no_traceback)
+        quiet = _quiet_agent()
         try:
             watch = _liveness(trace_dir, first_rank)
             with _torch.restart_hook(announce_restart, watch):
@@ -218,6 +221,7 @@ def launch(
             raise _failure_report(exc.failures, nnodes, cfg.max_restarts) from None
         finally:
             agent_log.removeFilter(_no_traceback)
+            quiet()
 
 
 def _liveness(trace_dir: Optional[str], first_rank: int = 0) -> Optional[Callable[[dict], None]]:
@@ -247,6 +251,22 @@ def _announce_restart(failures: Optional[dict], done: int, most: int, nnodes: in
         f"(not counted as a restart; {most - done} of {most} left)\n"
     )
     sys.stderr.flush()
+
+
+def _quiet_agent() -> Callable[[], None]:
+    """Silence torch elastic's own log lines ("Sending process ... closing signal", "failed (exitcode ...)"),
+    which polydist's report says in its words, unless ``$LOGLEVEL`` asks for them (torchrun's setting, read
+    by torch's loggers); returns what puts the levels back."""
+    if os.environ.get("LOGLEVEL"):
+        return lambda: None
+    import torch.distributed.launcher.api  # noqa: F401 - the agent and its loggers exist once imported
+
+    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)
+               if n.startswith("torch.distributed.elastic")]  # fmt: skip
+    levels = [(log, log.level) for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.CRITICAL)
+    return lambda: [log.setLevel(level) for log, level in levels] and None
 
 
 def _no_traceback(record: logging.LogRecord) -> bool:
@@ -282,7 +302,7 @@ def _no_traceback_text(failure: Any) -> str:
         return f"(no traceback: the process was killed by {signal_name(-failure.exitcode)}, by someone or by the OS)"
     return (
         f"(no traceback: the process ended with exit code {failure.exitcode} without raising: "
-        "os._exit, or a crash in native code)"
+        "os._exit, a crash in native code, or a program run with --no-python; its own output is above)"
     )
 
 

@@ -2,8 +2,8 @@
 
 A worker that is *stopped* — ``SIGSTOP``, a job-control stop, a debugger's
 trace stop — sits in a collective's peers forever: on gloo until the
-collective timeout (30 minutes by default), on MPI, which has no timeout,
-for ever. Each of polydist's launchers (the elastic engine behind ``polydist
+collective timeout (30 minutes by default), on MPI until polydist's
+watchdog's (MPI itself has none). Each of polydist's launchers (the elastic engine behind ``polydist
 run`` and ``spawn``/``Parallel``, and ``polydist run --backend mpi``) runs a
 :class:`Watch` over the workers of its node: a worker whose process state
 stays ``T`` (stopped) or ``t`` (trace stop) for

@@ -32,7 +32,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Mapping, Optional, Sequence, TextIO
+import time
+from typing import Any, Mapping, Optional, Sequence, TextIO
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from ..settings import FAILURE_DIR
 from .liveness import NO_TRACEBACK, Watch, end_frozen
@@ -145,8 +148,21 @@ def _call(command: list, env: dict) -> tuple[int, str]:
         streams = selectors.DefaultSelector()
         for pipe, copy in ((proc.stdout, _Copy(sys.stdout)), (proc.stderr, _Copy(sys.stderr))):
             streams.register(pipe.fileno(), selectors.EVENT_READ, copy)
+        deadline, stopped_by = None, None  # after Ctrl-C or SIGTERM: when mpiexec is killed if it has not ended
+        main = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
         while streams.get_map():
-            for key, _ in streams.select():
+            try:
+                ready = streams.select(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except KeyboardInterrupt as exc:  # on the launcher (kill -INT, SIGTERM) or the terminal's job
+                stopped_by = getattr(exc, "signum", signal.SIGINT)
+                proc.send_signal(stopped_by)
+                deadline = time.monotonic() + _INTERRUPT_GRACE_S
+                continue
+            if deadline is not None and not ready and time.monotonic() >= deadline:
+                proc.kill()
+                break
+            for key, _ in ready:
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     streams.unregister(key.fd)
@@ -154,7 +170,18 @@ def _call(command: list, env: dict) -> tuple[int, str]:
                 key.data.write(chunk)
                 tail = (tail + chunk)[-16384:]
         streams.close()
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+    if stopped_by is not None:
+        raise SignalException(f"polydist run got {signal.Signals(stopped_by).name}", sigval=stopped_by)
     return proc.returncode, tail.decode("utf-8", "replace")
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM while mpiexec runs: handled as Ctrl-C is (passed on to mpiexec, which ends the ranks)."""
+    exc = KeyboardInterrupt()
+    exc.signum = signum  # type: ignore[attr-defined]
+    raise exc
 
 
 class _Copy:
@@ -275,6 +302,7 @@ class _EndWatch(threading.Thread):
 
 
 _LIVENESS_POLL_MS = 250
+_INTERRUPT_GRACE_S = 5.0  # after Ctrl-C, how long mpiexec may take to end its ranks before it is killed
 
 
 def _frozen(folder: str) -> dict[int, str]:

@@ -17,18 +17,21 @@ import os
 import signal
 import sys
 import time
+import traceback
 from typing import Callable, Iterator, Optional, TextIO
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
 from .. import _torch
+from . import group_timeout
 from .environment import detect
-from ..settings import FAILURE_DIR
+from ..settings import FAILURE_DIR, TRACE_DIR
 from ..trace.dump import failed
 
 __all__ = [
-    "worker_setup", "death_signal_setter", "die_with_parent", "worker_errors", "PEER_GONE",
+    "worker_setup", "death_signal_setter", "die_with_parent", "worker_errors", "dump_when_uncaught", "interrupted",
+    "PEER_GONE",
     "record_pid", "mark_done", "pids", "rank_files", "prefix_output",
 ]  # fmt: skip
 
@@ -40,7 +43,8 @@ _PEER_GONE_GRACE_S = 3  # how long a rank that lost a peer waits for the launche
 
 
 def worker_setup() -> None:
-    """Per-worker defaults: one share of the CPU cores for intra-op threads; torch's flight recorder on.
+    """Per-worker defaults: one share of the CPU cores for intra-op threads; torch's flight recorder on;
+    ``polydist run --timeout`` as the default of the groups the program creates (:mod:`.group_timeout`).
 
     Like torchrun, avoid oversubscription when several workers share a node;
     an explicit ``OMP_NUM_THREADS`` wins. torch's flight recorder keeps the
@@ -57,6 +61,7 @@ def worker_setup() -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         local = detect().local_world_size or 1  # any launcher's count: mpiexec exports no LOCAL_WORLD_SIZE
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
+    group_timeout.apply()  # polydist run --timeout: also for the groups the program creates without polydist
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -122,6 +127,42 @@ def worker_errors() -> Iterator[None]:
         if isinstance(exc, RuntimeError) and any(marker in str(exc) for marker in PEER_GONE):
             time.sleep(_PEER_GONE_GRACE_S)
         raise
+
+
+def interrupted(exc: BaseException) -> str:
+    """One line for a rank stopped by Ctrl-C (``KeyboardInterrupt``): where its own code was, instead of a
+    traceback of the launcher's and the library's frames above and below it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    library = (os.path.dirname(os.path.dirname(__file__)), sys.prefix, sys.base_prefix, "<frozen")
+    own = [f for f in frames if not f.filename.startswith(library)] or frames[-1:]
+    at = f" at {own[-1].filename}:{own[-1].lineno} (in {own[-1].name})" if own else ""
+    return f"interrupted ({type(exc).__name__}){at}"
+
+
+def dump_when_uncaught() -> None:
+    """With ``$POLYDIST_TRACE_DIR`` set, an uncaught exception writes this rank's dump, under any launcher.
+
+    ``polydist run``'s worker entry and ``spawn`` dump a failing rank
+    themselves (:func:`worker_errors`); torchrun, srun or a Kubeflow pod start
+    the program as it is, so this hook, installed when polydist makes or
+    adopts the world (wired in :mod:`polydist._wiring`), writes the dump
+    (:func:`polydist.trace.dump.failed`) once the hook in place (torch's,
+    which prefixes ``[rankN]:``) printed the traceback. Not where the
+    MPI group's abort hook is in place: it writes the dump itself. A non-zero
+    ``sys.exit`` or ``os._exit`` raises nothing that reaches the hook.
+    """
+    if not TRACE_DIR.read() or getattr(sys.excepthook, "_polydist_dump", False):
+        return
+    if getattr(sys.excepthook, "_polydist_abort", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):  # type: ignore[no-untyped-def]
+        previous(kind, value, tb)  # the traceback first: the launcher may stop a rank that lost a peer any moment
+        failed(value)
+
+    hook._polydist_dump = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 # ------------------------------------------------------------ under mpiexec: files for the launcher, prefixed output

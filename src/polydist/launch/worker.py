@@ -20,10 +20,12 @@ import traceback
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .. import ft
-from ..backends.mpi4py import job as mpi_job
+from ..backends.mpi4py import job as mpi_job, ulfm
 from .environment import detect
 from .. import settings
-from .process_setup import die_with_parent, mark_done, pids, prefix_output, record_pid, worker_errors, worker_setup
+from .process_setup import (
+    die_with_parent, interrupted, mark_done, pids, prefix_output, record_pid, worker_errors, worker_setup,
+)
 from ..trace.dump import LEAVING, dump_trace, ignore_exit_notices, install_signal_handlers, peers_dump
 
 
@@ -50,6 +52,9 @@ def main() -> None:
                 if exc.code not in (0, None):
                     raise
             ft.stop()  # --fault-tolerant: how this replica group ended, for the launcher's report
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line (its dump is written), not the frames of three layers
+        print(interrupted(exc), file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     finally:
         # torch's excepthook prefixes tracebacks with "[rankN]"; the launcher already
         # prefixes every line, so keep Python's own hook and print them once.
@@ -106,6 +111,7 @@ def _run_fault_tolerant_mpi(argv: list) -> None:
     except BaseException as exc:  # noqa: BLE001 - whatever it is, this rank ends and the others go on
         _end_alone(exc)
     ft.stop()
+    ulfm.finalize()  # with the failure detector's heartbeats until then, not after the interpreter's teardown
 
 
 def _end_alone(exc: BaseException) -> None:

@@ -8,8 +8,11 @@ last collectives and point-to-point calls. This package is what reads it:
   file — on a collective timeout, on a failure under a launcher, on
   ``SIGUSR1``, on ``SIGTERM`` from a launcher stopping the job, and on request
   (:func:`polydist.dump_trace`);
+  (:mod:`.torch_records`: what it holds of torch's own recorder; :mod:`.history`:
+  what a later dump of a process keeps of its earlier ones);
 - :mod:`.reader` reads and checks the dump files (bytes from other ranks are
-  checked before use);
+  checked before use) into the values of :mod:`.records`, and :mod:`.settle`
+  gives torch's records of each rank the state all its dumps show together;
 - :mod:`.analyze` diagnoses the dumps of all ranks: which ranks wait in
   which collective, which never reached it and where they are instead, and the
   first collective the ranks disagree on (``polydist trace DIR``);
@@ -29,7 +32,8 @@ Dump format (``polydist-trace`` version 1)
 One JSON file per rank, ``rank<R>.json`` (R: the global rank), in the trace
 directory (``$POLYDIST_TRACE_DIR``, set by ``polydist run --trace-dir``).
 A later dump of the same rank replaces it (written to a temporary file, then
-renamed). The object::
+renamed); a later dump of the same process carries what the earlier ones
+showed (``earlier``, below). The object::
 
     {
       "format": "polydist-trace", "version": 1,
@@ -45,7 +49,8 @@ renamed). The object::
       "dropped": 0,                       # older entries the ring buffer no longer holds
       "entries": [ENTRY, ...],            # oldest first
       "stacks": [STACK, ...],             # every thread of the process
-      "torch": TORCH                      # torch's own flight recorder; null where this torch has none
+      "torch": TORCH,                     # torch's own flight recorder; null where this torch has none
+      "earlier": [EARLIER, ...]           # this process's earlier dumps to this file, oldest first (the last 8)
     }
 
 ENTRY (one call)::
@@ -99,6 +104,22 @@ first: ``{"name", "filename", "line"}``), and ``recorder``
 (``"_dump_fr_trace"``: gloo's; ``"_dump_nccl_trace"``: NCCL's). gloo on CPU
 leaves ``state`` at ``"scheduled"`` and the discovered times null; ``retired``
 says whether it returned.
+
+EARLIER: what an earlier dump of the same process showed that a later one may
+not (one failure often dumps a rank several times: the launcher's SIGUSR1
+while it waits for a frozen peer, its own exception once that peer is killed,
+the launcher's SIGTERM)::
+
+    {
+      "reason": "signal", "time": 1764000000.1, "error": null,   # as in that dump
+      "stack": [FRAME, ...],              # its main thread's frames, outermost first
+      "torch_waiting": [[5, 1764000000000000000]]   # torch's entries not returned then:
+    }                                               #   [record_id, time_created_ns], ...
+
+A later dump's torch entries keep the frames an earlier one symbolized. The
+reader takes each of torch's operations in its most informative state
+(:mod:`.settle`): one that a dump showed waiting stays so unless a later
+record shows it completed, and one a backend error failed reads failed.
 
 A dump without an error of its own (a launcher's SIGTERM after a timeout)
 repeats the last error this process dumped, so the cause is not lost. The

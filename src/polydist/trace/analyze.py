@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 from .findings import Disagreement, Findings, Stuck, Waiter, Where
 from .reader import Call, Dump, Dumps, Problem, Site, innermost, load, raised_at
-from .words import describe, label, render
+from .words import describe, headline, label, render
 
 __all__ = ["Where", "Waiter", "Stuck", "Disagreement", "Diagnosis", "diagnose", "load", "describe", "label"]
 __all__ += ["Call", "Dump", "Dumps", "Problem", "Site"]  # read by .reader, named here for callers
@@ -60,6 +60,10 @@ class Diagnosis(Findings):
         """The diagnosis as JSON-ready data (calls as their dump fields, sites with full paths)."""
         return _as_dict(self)
 
+    def headline(self) -> Optional[str]:
+        """The one finding a failure report starts with (:func:`~polydist.trace.words.headline`), or None."""
+        return headline(self)
+
 
 def _where(rank: int, relation: str, dumps: Dumps, source: str = "polydist") -> Where:
     dump = dumps.ranks.get(rank)
@@ -72,7 +76,7 @@ def _where(rank: int, relation: str, dumps: Dumps, source: str = "polydist") -> 
     if last is not None and last.state != "completed":
         return Where(rank, relation, "in call" if last.state == "started" else "failed", call=last)
     seconds = dump.time - last.end if last is not None and last.end is not None else None
-    if dump.reason == "exception" and dump.error:  # its main thread is in the handler: where it raised says more
+    if "exception" in dump.reasons and dump.error:  # its main thread is in the handler: where it raised says more
         return Where(rank, relation, "raised", site=raised_at(dump)[0], last=last, seconds=seconds, error=dump.error)
     site, user = innermost(dump.stacks)
     kind = "no stack" if site is None else "user code" if user else "library code"
@@ -214,8 +218,8 @@ def _as_dict(found: Diagnosis) -> dict:
         site, user = innermost(d.stacks)
         fields = {k: getattr(d, k) for k in ("rank", "host", "pid", "backend", "reason", "time", "error", "traceback",
                                              "enabled", "dropped", "path")}  # fmt: skip
-        ranks.append({**fields, "calls": len(d.calls), "location": _plain(site), "user_code": user,
-                      "raised_at": _plain(raised_at(d)[0])})  # fmt: skip
+        ranks.append({**fields, "reasons": list(d.reasons), "calls": len(d.calls), "location": _plain(site),
+                      "user_code": user, "raised_at": _plain(raised_at(d)[0])})  # fmt: skip
     stuck = [{**_plain(s), "collective": s.waiting[0].call.collective
               if len({w.call.collective for w in s.waiting}) == 1 else None} for s in found.stuck]  # fmt: skip
     return {

@@ -33,15 +33,15 @@ import time
 import traceback
 from typing import Optional
 
-from .. import _torch, context, settings
+from .. import context, settings
 from ..backends import registry
 from ..collectives.recorder import RECORDER, as_dict
 from ..errors import WorldMismatchError
+from . import history
+from .torch_records import torch_records
 
-__all__ = [
-    "dump_trace", "dump_path", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers",
-    "ignore_exit_notices", "FORMAT", "VERSION", "DUMP_NOTE", "DISCARDED", "LEAVING",
-]  # fmt: skip
+__all__ = ["dump_trace", "dump_path", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers",
+           "ignore_exit_notices", "FORMAT", "VERSION", "DUMP_NOTE", "DISCARDED", "LEAVING"]  # fmt: skip
 
 FORMAT, VERSION = "polydist-trace", 1
 DISCARDED = "step discarded"  # the reason of a fault-tolerant job's dump when a lost peer made it discard a step
@@ -131,9 +131,10 @@ def dump_trace(path: Optional[str] = None, *, reason: str = "request", error: Op
     ``$POLYDIST_TRACE_BUFFER``, oldest first; see :mod:`polydist.trace` for
     the format) and every thread's stack. It is written to a temporary file
     and renamed, so a reader never sees half a dump; a later dump of the same
-    rank replaces it. Never raises: a dump is written on error paths, where a
-    full disk must not hide the error being reported (the reason goes to stderr).
-    Any rank may call it at any time; no communication.
+    process replaces it and keeps what the earlier ones showed (:mod:`.history`).
+    Never raises: a dump is written on error paths, where a full disk must not
+    hide the error being reported (the reason goes to stderr). Any rank may
+    call it at any time; no communication.
     """
     try:
         with _lock:
@@ -173,11 +174,12 @@ def _write(path: Optional[str], reason: str, error: Optional[BaseException]) -> 
         # A dump asked for by a signal has a deadline (the launcher's grace before SIGKILL), and one of a step a
         # fault-tolerant job discarded is written while training goes on: torch's stacks take seconds to
         # symbolize, so only a rank's own error or timeout writes them (the ranks that waited).
-        "torch": _torch_records(stacks=reason not in QUICK),
+        "torch": torch_records(stacks=reason not in QUICK),
     }
     target = path or trace_dir()
     if not target.endswith(".json"):
         target = dump_path(target, who["rank"])
+    history.keep(target, data)  # "earlier": what this process's earlier dumps to the file showed
     folder = os.path.dirname(os.path.abspath(target))
     os.makedirs(folder, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=".dump-", dir=folder)
@@ -189,31 +191,6 @@ def _write(path: Optional[str], reason: str, error: Optional[BaseException]) -> 
         os.unlink(temp)
         raise
     return target
-
-
-# What a dump keeps of each of torch's entries (torch's names); frames: the innermost few, enough to reach user code.
-_TORCH_FIELDS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "is_p2p", "profiling_name",
-                 "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state", "retired", "timeout_ms",
-                 "time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")  # fmt: skip
-_TORCH_FRAMES = 24
-
-
-def _torch_records(stacks: bool = True) -> Optional[dict]:
-    """torch's own flight recorder (gloo's, NCCL's operations, whoever called them: DDP, FSDP2, ...), or None
-    where this torch has none; ``stacks``: with the entries' frames (see :func:`_write`). ``buffer``: its size (``TORCH_FR_BUFFER_SIZE``; 0: off, no entries);
-    ``groups``: each live group's global ranks by the name its entries give; ``entries``: oldest first."""
-    if not _torch.fr_available():
-        return None
-    entries = []
-    for recorder in _torch.fr_dumps(stacks):
-        for e in recorder["entries"]:
-            kept = {k: e.get(k) for k in _TORCH_FIELDS}
-            kept["frames"] = list(e.get("frames") or ())[:_TORCH_FRAMES]  # torch's order: innermost first
-            kept["recorder"] = recorder["recorder"]
-            entries.append(kept)
-    size = os.environ.get(_torch.FR_BUFFER_SIZE) or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or "0"
-    return {"buffer": int(size) if size.strip().isdigit() else 0, "groups": _torch.group_ranks_by_name(),
-            "entries": entries}  # fmt: skip
 
 
 def timed_out(exc: BaseException) -> None:

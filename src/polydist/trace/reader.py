@@ -20,126 +20,16 @@ import math
 import os
 import re
 import stat
-from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["Site", "Stack", "Call", "Dump", "Problem", "Dumps", "load", "read_dump", "is_library", "innermost",
-           "raised_at"]
+from .records import Call, Dump, Dumps, Earlier, Problem, Site, Stack, innermost, is_library, raised_at
+from .settle import settle
+
+__all__ = ["Site", "Stack", "Call", "Earlier", "Dump", "Problem", "Dumps", "load", "read_dump", "is_library",
+           "innermost", "raised_at"]  # the types: from .records, named here for callers
 
 _FILE = re.compile(r"rank(\d+)\.json")
 _MAX_BYTES = 256 << 20  # a 2,000-entry dump is about 1 MB; more is not a dump
-_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)  # as collectives.timeouts recognises one
-
-# ---------------------------------------------------------------- the dumps
-
-
-@dataclass(frozen=True)
-class Site:
-    """A place in the program: the file as the dump names it, the line, the function (each None when unknown)."""
-
-    file: Optional[str]
-    line: Optional[int]
-    function: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class Stack:
-    """One thread's Python stack: ``frames`` are Sites, outermost first."""
-
-    thread: str
-    main: bool
-    frames: tuple
-
-
-@dataclass(frozen=True)
-class Call:
-    """One entry of a dump: a collective or point-to-point call (fields as in the format; times in s)."""
-
-    rank: int  # whose dump holds it
-    id: int
-    collective: str
-    group: tuple
-    seq: Optional[int]
-    op: Optional[str]
-    root: Optional[int]
-    dtypes: tuple
-    shapes: tuple
-    bytes: int
-    value: bool
-    is_async: bool
-    file: Optional[str]
-    line: Optional[int]
-    function: Optional[str]
-    start: float
-    end: Optional[float]
-    state: str
-    error: Optional[str]
-    source: str = "polydist"  # whose recorder: "polydist", or "torch" (torch's own, of gloo's and nccl's operations)
-    timeout: Optional[float] = None  # s; torch's entries only
-    out_dtypes: tuple = ()  # torch's entries only: the output's, as torch recorded them
-    out_shapes: tuple = ()
-
-    @property
-    def site(self) -> Site:
-        return Site(self.file, self.line, self.function)
-
-    @property
-    def timed_out(self) -> bool:
-        return self.state == "failed" and bool(_TIMEOUT.search(self.error or ""))
-
-
-@dataclass(frozen=True)
-class Dump:
-    """One rank's dump file, checked against the format."""
-
-    path: str
-    rank: int
-    world_size: Optional[int]
-    local_rank: Optional[int]
-    host: Optional[str]
-    pid: Optional[int]
-    backend: Optional[str]
-    reason: str
-    time: float
-    error: Optional[str]
-    traceback: Optional[str]  # the error's formatted traceback
-    error_frames: tuple  # Site, the error's traceback, outermost first; () without one (or from older writers)
-    enabled: bool
-    dropped: int
-    calls: tuple  # Call, oldest first
-    stacks: tuple  # Stack, the main thread's first
-    torch_calls: tuple = ()  # Call (source "torch"), oldest first: torch's own recorder's entries
-    torch_on: Optional[bool] = None  # torch's recorder was on (TORCH_FR_BUFFER_SIZE > 0); None: no record of it
-
-    def calls_of(self, source: str) -> tuple:
-        """The calls of one recorder: ``"polydist"`` (:attr:`calls`) or ``"torch"`` (:attr:`torch_calls`)."""
-        return self.torch_calls if source == "torch" else self.calls
-
-    def recorded(self, source: str) -> bool:
-        """Whether that recorder was on in this rank."""
-        return bool(self.torch_on) if source == "torch" else self.enabled
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A file of the directory that could not be used: ``file`` (its name), ``rank`` (from the name), why."""
-
-    file: str
-    rank: Optional[int]
-    message: str
-
-    def text(self) -> str:
-        return f"{self.file}: {self.message}" if self.file else self.message
-
-
-@dataclass
-class Dumps:
-    """What :func:`load` read: the dumps by rank, the problems, and the job's world size (None: unknown)."""
-
-    directory: str
-    ranks: dict
-    problems: list
-    world_size: Optional[int]
 
 
 class _Bad(ValueError):
@@ -166,7 +56,8 @@ _DUMP = {"rank": ("nat", _REQUIRED), "world_size": ("nat?", None), "local_rank":
          "host": ("str?", None), "pid": ("int?", None), "backend": ("str?", None), "reason": ("str", _REQUIRED),
          "time": ("num", _REQUIRED), "error": ("str?", None), "traceback": ("str?", None),
          "error_frames": ("list", ()), "enabled": ("bool", True), "dropped": ("nat", 0),
-         "entries": ("list", _REQUIRED), "stacks": ("list", ()), "torch": ("dict?", None)}  # fmt: skip
+         "entries": ("list", _REQUIRED), "stacks": ("list", ()), "torch": ("dict?", None),
+         "earlier": ("list", ())}  # fmt: skip
 _ENTRY = {"id": ("nat", _REQUIRED), "collective": ("str", _REQUIRED), "group": ("ranks", _REQUIRED),
           "seq": ("nat?", None), "op": ("str?", None), "root": ("int?", None), "dtypes": ("strs", ()),
           "shapes": ("shapes", ()), "bytes": ("nat", 0), "value": ("bool", False), "async": ("bool", False),
@@ -175,6 +66,9 @@ _ENTRY = {"id": ("nat", _REQUIRED), "collective": ("str", _REQUIRED), "group": (
 
 _STACK = {"thread": ("str", "?"), "main": ("bool", False), "frames": ("list", ())}
 _FRAME = {"file": ("str?", None), "line": ("int?", None), "function": ("str?", None)}
+_EARLIER = {"reason": ("str", _REQUIRED), "time": ("num", _REQUIRED), "error": ("str?", None), "stack": ("list", ()),
+            "torch_waiting": ("list", ())}  # fmt: skip
+_MAX_EARLIER = 64  # the writer keeps 8
 
 
 def _fields(obj: Any, spec: dict, where: str) -> dict:
@@ -213,6 +107,21 @@ def _sites(frames: list, where: str) -> tuple:
 def _stack(obj: Any, where: str) -> Stack:
     f = _fields(obj, _STACK, where)
     return Stack(f["thread"], f["main"], _sites(f["frames"], f"{where}.frames"))
+
+
+def _earlier(objs: list) -> tuple:
+    """The dump's ``earlier``: what this process's earlier dumps showed (see :mod:`polydist.trace`)."""
+    if len(objs) > _MAX_EARLIER:
+        raise _Bad(f"earlier holds {len(objs)} dumps, more than a writer keeps")
+    out = []
+    for i, obj in enumerate(objs):
+        f = _fields(obj, _EARLIER, f"earlier[{i}]")
+        pairs = f["torch_waiting"]
+        if not all(isinstance(k, list) and len(k) == 2 and all(_KINDS["nat"](x) for x in k) for k in pairs):
+            raise _Bad(f"earlier[{i}].torch_waiting is not a list of [record_id, time_created_ns]")
+        out.append(Earlier(f["reason"], float(f["time"]), f["error"], _sites(f["stack"], f"earlier[{i}].stack"),
+                           frozenset(map(tuple, pairs))))  # fmt: skip
+    return tuple(sorted(out, key=lambda e: e.time))
 
 
 # torch's entries (torch's names; see the format). Checked as hostile as the rest: a field of the wrong type or
@@ -313,12 +222,12 @@ def read_dump(path: str) -> Dump:
     calls = sorted((_call(e, rank, size, f"entries[{i}]") for i, e in enumerate(f["entries"])), key=lambda c: c.id)
     stacks = [_stack(s, f"stacks[{i}]") for i, s in enumerate(f["stacks"])]
     torch_calls, torch_on = _torch_calls(f["torch"], rank, size)
-    return Dump(path=path, rank=rank, world_size=size, local_rank=f["local_rank"], host=f["host"], pid=f["pid"],
-                backend=f["backend"], reason=f["reason"], time=float(f["time"]), error=f["error"],
-                traceback=f["traceback"], error_frames=_sites(f["error_frames"], "error_frames"),
-                enabled=f["enabled"], dropped=f["dropped"], calls=tuple(calls),
-                stacks=tuple(sorted(stacks, key=lambda s: not s.main)), torch_calls=torch_calls,
-                torch_on=torch_on)  # fmt: skip
+    return settle(Dump(path=path, rank=rank, world_size=size, local_rank=f["local_rank"], host=f["host"],
+                       pid=f["pid"], backend=f["backend"], reason=f["reason"], time=float(f["time"]),
+                       error=f["error"], traceback=f["traceback"],
+                       error_frames=_sites(f["error_frames"], "error_frames"), enabled=f["enabled"],
+                       dropped=f["dropped"], calls=tuple(calls), stacks=tuple(sorted(stacks, key=lambda s: not s.main)),
+                       torch_calls=torch_calls, torch_on=torch_on, earlier=_earlier(f["earlier"])))  # fmt: skip
 
 
 def load(directory: str) -> Dumps:
@@ -356,42 +265,3 @@ def load(directory: str) -> Dumps:
             for r in (d.rank, *(r for c in d.calls + d.torch_calls for r in c.group))]  # fmt: skip
     dumps.world_size = max(sizes) if sizes else max(seen, default=-1) + 1 or None
     return dumps
-
-
-# ---------------------------------------------------------------- where a rank's own code is
-
-# Frames that are not the user's: installed packages (torch, ...), the standard library, polydist from a checkout.
-_LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python[\d.]*[/\\]|[/\\]Lib[/\\]|"
-                      r"[/\\]src[/\\]polydist[/\\]|^<frozen ")  # fmt: skip
-_POLYDIST = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # this install's, for local dumps
-
-
-def is_library(file: Optional[str]) -> bool:
-    """Whether ``file`` (a frame's path) belongs to polydist, torch, another package or the standard library."""
-    return file is None or bool(_LIBRARY.search(file)) or file.startswith(_POLYDIST)
-
-
-def _innermost(frames: tuple) -> tuple:
-    """``(site, user)``: the innermost of ``frames`` (outermost first) in user code, else the innermost frame.
-
-    ``(None, False)`` when there are no frames.
-    """
-    if not frames:
-        return None, False
-    user = next((f for f in reversed(frames) if not is_library(f.file)), None)
-    return (user, True) if user is not None else (frames[-1], False)
-
-
-def innermost(stacks: tuple) -> tuple:
-    """``(site, user)``: the main thread's innermost frame of user code (user True), else its innermost frame.
-
-    ``(None, False)`` when the dump has no main-thread stack.
-    """
-    main = next((s for s in stacks if s.main), None)
-    return _innermost(main.frames if main is not None else ())
-
-
-def raised_at(dump: Dump) -> tuple:
-    """``(site, user)``: where the dump's error was raised — the innermost frame of user code of its traceback
-    (user True), else its innermost frame; ``(None, False)`` when the dump has no traceback frames."""
-    return _innermost(dump.error_frames)

@@ -27,7 +27,7 @@ from ..collectives.debug import describe_tensor
 from .findings import Disagreement, Findings, Stuck, Waiter, Where
 from .reader import Call, Dump, Site, innermost, raised_at
 
-__all__ = ["render", "describe", "label", "brief"]
+__all__ = ["render", "headline", "describe", "label", "brief"]
 
 _ROOT_NAMES = {"broadcast": "src", "scatter": "src", "reduce": "dst", "gather": "dst"}
 _SOURCE = re.compile(r"^\[[^\]\s]+:\d+\] ")  # a C++ source prefix, as gloo's "[/__w/.../pair.cc:553] "
@@ -202,7 +202,7 @@ class _Words:
 
     def header(self, dump: Dump) -> str:
         where = ", ".join(str(x) for x in (dump.host, f"pid {dump.pid}" if dump.pid is not None else None) if x)
-        text = f"rank {dump.rank}" + (f" ({where})" if where else "") + f": {dump.reason}"
+        text = f"rank {dump.rank}" + (f" ({where})" if where else "") + f": {', then '.join(dump.reasons)}"
         text += f" — {self.raised(dump.error, raised_at(dump)[0])}" if dump.error else ""
         if not dump.enabled:
             site = innermost(dump.stacks)[0]
@@ -213,6 +213,15 @@ class _Words:
         if dump.torch_on is False and registry.get(dump.backend).torch_recorder:  # DDP's, FSDP2's calls go unseen
             text += "; torch's recorder was off (TORCH_FR_BUFFER_SIZE=0): operations not made through polydist's API are not in the dump"
         return text
+
+
+def headline(found: Findings) -> Optional[str]:
+    """The finding a launcher's failure report starts with: the oldest stuck call (who waited, who never came
+    and where it was), else the first disagreement; None when the dumps show neither."""
+    words = _Words(found)
+    if found.stuck:
+        return words.stuck(found.stuck[0])
+    return words.disagreement(found.disagreements[0]) if found.disagreements else None
 
 
 def render(found: Findings) -> list:

@@ -56,7 +56,18 @@ def _create(opts: Any, backend_options: Any = None) -> MPIProcessGroup:
             f"MPI gives {comm.Get_rank()} of {comm.Get_size()}; the job's ranks must be MPI's COMM_WORLD ranks "
             "(launch with mpiexec and init_method='mpi://')"
         )
+    if opts.group_size == _mpi.mpi().COMM_WORLD.Get_size():  # the world's group
+        _end_job_on_uncaught()
     return MPIProcessGroup(comm, opts.group_rank, opts.group_size)._configured(opts)  # backend name "mpi4py"
+
+
+def _end_job_on_uncaught() -> None:
+    """Whoever creates the world's MPI group (``polydist.initialize``, or the program's own
+    ``init_process_group("mpi")``): an uncaught exception on a rank then writes its dump and aborts the job at
+    once, instead of leaving the others in their next collective until its timeout. Not under
+    ``polydist run --fault-tolerant``, where a failing rank ends alone and the others go on."""
+    if not settings.FAULT_TOLERANT.read():
+        job.install_abort_hook()
 
 
 class _TorchMPI:
@@ -86,6 +97,8 @@ class _TorchMPI:
             WATCHDOG.store = job.world_store(world, timeout or default_pg_timeout)
         group = MPIProcessGroup(comm, comm.Get_rank(), comm.Get_size(), backend="mpi")
         group._configure(ranks, timeout)
+        if not ranks:
+            _end_job_on_uncaught()
         return group
 
 
@@ -200,7 +213,7 @@ class _MpiJob(registry.Lifecycle):
     fault_tolerance = "ulfm"  # polydist run --fault-tolerant: ULFM where the MPI has it (Open MPI 5), refused elsewhere
 
     def after_join(self) -> None:
-        job.install_abort_hook()  # MPI collectives have no timeout: a rank that dies must end the job
+        _end_job_on_uncaught()
 
     def launch_advice(self, info: Any, who: str) -> Optional[str]:
         if info.mpi_flavor is not None:

@@ -2,15 +2,17 @@
 
 ``mpi://`` lets any backend (``mpi4py``, and gloo under ``mpiexec``) start
 without MASTER_ADDR/MASTER_PORT: rank and world size come from
-``COMM_WORLD``, and rank 0's TCP store port travels over MPI. MPI collectives
-have no timeout, so :func:`install_abort_hook` turns an uncaught exception on
-one rank into ``MPI_Abort`` of the whole job instead of a hang.
+``COMM_WORLD``, and rank 0's TCP store port travels over MPI. MPI itself has
+no collective timeout (polydist's watchdog bounds each operation by the
+group's, 30 minutes by default), so :func:`install_abort_hook` turns an
+uncaught exception on one rank into ``MPI_Abort`` of the whole job at once.
 :func:`mpi_job` decides whether this process is a rank of an MPI job at all.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -104,10 +106,14 @@ def progress() -> bool:
 def install_abort_hook() -> None:
     """Make an uncaught exception on this rank print its traceback and abort the whole MPI job.
 
-    Without it, the other ranks would wait forever in their next collective
-    (MPI has no timeout). The hook replaces whatever hook was set (PyTorch's
-    prints "[rankN]:" prefixes, which ``polydist run`` already adds): it
-    prints a line naming the rank, the traceback, and calls ``MPI_Abort``.
+    Without it, the other ranks would wait in their next collective until the
+    group's timeout (MPI has none of its own; polydist's watchdog applies the
+    group's). Installed wherever the world's MPI group is created
+    (``polydist.initialize``, or the program's own
+    ``init_process_group("mpi")``). The hook replaces whatever hook was set
+    (PyTorch's prints "[rankN]:" prefixes, which ``polydist run`` already
+    adds): it prints a line naming the rank, the traceback, and calls
+    ``MPI_Abort``; after Ctrl-C (``KeyboardInterrupt``) one line only.
     Idempotent; does nothing without mpi4py.
     """
     if not _mpi.available() or getattr(sys.excepthook, "_polydist_abort", False):
@@ -115,6 +121,11 @@ def install_abort_hook() -> None:
 
     def hook(kind: Any, value: Any, tb: Any) -> None:
         rank = _mpi.mpi().COMM_WORLD.Get_rank()
+        if issubclass(kind, KeyboardInterrupt):  # Ctrl-C: every rank got it; one line each, not a traceback
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # mpiexec forwards a second one: not mid-abort
+            sys.stderr.write(f"polydist: rank {rank} interrupted ({kind.__name__}); ending the MPI job\n")
+            abort(130)
+            return  # MPICH's MPI_Abort returns under polydist run (-disable-auto-cleanup): the launcher ends it
         text = "".join(traceback.format_exception(kind, value, tb))
         sys.stderr.write(f"polydist: rank {rank} raised an uncaught exception; aborting the MPI job\n{text}")
         fail(rank, value, text, 1)
