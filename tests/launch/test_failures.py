@@ -471,3 +471,25 @@ def test_the_report_of_a_plain_ddp_program_starts_with_the_rank_that_never_came(
     first = report.splitlines()[0]
     assert re.match(r"polydist run: job failed: gloo:all_reduce #\d+ on \[0,1\]: rank 0 waited 5\.0 s and timed out", first), first
     assert f"rank 1 never called it — it is running user code at ddp.py:{line} (in function forward)" in first, first
+
+
+LEAVES_EARLY = textwrap.dedent(
+    """
+    import torch, polydist as pd
+    pd.initialize(timeout=30)
+    for step in range(5):
+        if pd.get_rank() == 1 and step == 2:
+            break  # rank 1 leaves the loop early and ends its program normally
+        pd.all_reduce(torch.ones(4))
+    """
+)
+
+
+def test_the_report_says_a_rank_had_finished_its_program_while_the_others_waited(cli_env, tmp_path):
+    script = tmp_path / "leaves.py"
+    script.write_text(LEAVES_EARLY)
+    out = _run(["polydist", "run", "--nproc-per-node", "2", str(script)], cli_env)
+    assert out.returncode == 1, out.stderr[-3000:]
+    first = out.stderr[out.stderr.index("polydist run: job failed"):].splitlines()[0]
+    assert first.startswith("polydist run: job failed: all_reduce #3 on [0,1]: rank 0 failed"), first
+    assert first.endswith("rank 1 never called it — it had finished its program (exit code 0)"), first

@@ -88,8 +88,13 @@ def test_a_killed_replica_group_costs_at_most_one_step_and_its_replacement_rejoi
     assert rejoined and "received the live state" in rejoined[0], report
     assert "1 fault survived" in report[-1], report
     # The survivor's view of the fault, in its flight-recorder dump: the step it discarded, and torch's record of
-    # the gradient all-reduce over torchft's group that failed.
-    dump = json.loads((tmp_path / "replica0" / "rank0.json").read_text())
+    # the gradient all-reduce over torchft's group that failed. A kill that lands between two steps (seen on a
+    # loaded machine) is found by the next quorum instead: no step discarded, no dump to read.
+    if not any(_discarded(line) == 1 for line in report):
+        return
+    path = tmp_path / "replica0" / "rank0.json"
+    assert path.exists(), (report, sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")))
+    dump = json.loads(path.read_text())
     assert dump["reason"] == "step discarded" and "Connection" in (dump["error"] or ""), dump["error"]
     assert any(e["profiling_name"] == "gloo:all_reduce" for e in dump["torch"]["entries"])
     trace = subprocess.run([os.path.join(os.path.dirname(sys.executable), "polydist"), "trace",

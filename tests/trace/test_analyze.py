@@ -367,3 +367,20 @@ def test_long_rank_lists_are_abridged_to_runs(tmp_path):
     assert text[-1] == (
         "all_reduce #1 on [0-15]: ranks 0-6,8-14 waiting since 2.0 s at train.py:88; no dump from ranks 7,15"
     )
+
+
+def test_a_rank_that_finished_its_program_is_named_so_not_as_lost(tmp_path):
+    """A rank that ended its program normally (polydist run's worker left rank<R>.finished) while the others
+    waited for it: it "had finished its program", not "no dump" (it died)."""
+    pair = (0, 1)
+    r0 = dump(0, 2, history(pair, 2) + [call(2, "all_reduce", pair, 3, 2.0, 2.1, op="SUM", state="failed",
+                                             error="RuntimeError: Connection closed by peer [127.0.0.1]:4242")], 2.2)
+    directory = write(tmp_path, r0)
+    (tmp_path / "rank1.finished").write_text("")
+    text = lines(directory)
+    assert "rank 1 finished its program (exit code 0) and wrote no dump" in text
+    assert not any(line.startswith("no dump from") for line in text), text
+    assert text[-1].endswith("; rank 1 never called it — it had finished its program (exit code 0)"), text[-1]
+    found = analyze.diagnose(analyze.load(directory))
+    assert found.missing == [] and found.finished == [1] and found.as_dict()["finished"] == [1]
+    assert found.headline() == text[-1]

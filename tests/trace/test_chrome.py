@@ -56,3 +56,25 @@ def test_chrome_trace_lanes_for_overlapping_calls_and_colours_for_failed_ones(tm
         "all_reduce #1": (10001, None, "collective"), "all_reduce #2": (10002, None, "collective"),
         "send to rank 1": (10001, None, "p2p"), "barrier #3": (10001, "terrible", "collective"),
     }  # fmt: skip
+
+
+def test_chrome_trace_shows_torchs_own_operations_once(tmp_path):
+    """A program's own torch.distributed calls (DDP's all-reduces) are on the timeline from torch's recorder; the
+    operation a polydist call made shows once, as the polydist call."""
+    from _dumps import T as T0
+
+    def op(i, seq, at):
+        return {"record_id": i, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
+                "p2p_seq_id": 0, "is_p2p": False, "profiling_name": "gloo:all_reduce", "input_sizes": [[4]],
+                "input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"], "state": "completed",
+                "retired": True, "timeout_ms": 30000, "time_created_ns": int((T0 + at) * 1e9),
+                "time_discovered_started_ns": None, "time_discovered_completed_ns": int((T0 + at + 0.1) * 1e9),
+                "recorder": "_dump_fr_trace", "frames": []}  # fmt: skip
+
+    mine = [call(0, "all_reduce", (0, 1), 1, 2.0, 3.0, op="SUM")]  # polydist's: made torch's op #3 at 2.5
+    d = dump(0, 2, mine, 8.0)
+    d["torch"] = {"buffer": 2000, "groups": {"0": [0, 1]}, "entries": [op(0, 1, 0.0), op(1, 2, 1.0), op(2, 3, 2.5)]}
+    trace = chrome.chrome_trace(analyze.load(write(tmp_path, d)))
+    calls = sorted((e["ts"], e["name"], e["args"]["source"]) for e in trace["traceEvents"] if e["ph"] == "X")
+    assert [(name, source) for _, name, source in calls] == [
+        ("gloo:all_reduce #1", "torch"), ("gloo:all_reduce #2", "torch"), ("all_reduce #1", "polydist")]

@@ -26,7 +26,9 @@ from .. import settings
 from .process_setup import (
     die_with_parent, interrupted, mark_done, pids, prefix_output, record_pid, worker_errors, worker_setup,
 )
-from ..trace.dump import LEAVING, dump_trace, ignore_exit_notices, install_signal_handlers, peers_dump
+from ..trace.dump import (
+    LEAVING, dump_trace, ignore_exit_notices, install_signal_handlers, mark_finished, peers_dump,
+)
 
 
 
@@ -51,6 +53,7 @@ def main() -> None:
             except SystemExit as exc:
                 if exc.code not in (0, None):
                     raise
+            mark_finished()  # if another rank fails waiting for this one, its report says this one had finished
             ft.stop()  # --fault-tolerant: how this replica group ended, for the launcher's report
     except KeyboardInterrupt as exc:  # Ctrl-C: one line (its dump is written), not the frames of three layers
         print(interrupted(exc), file=sys.stderr, flush=True)
@@ -132,6 +135,7 @@ def _ask_peers(rank: int) -> None:
 
 def _finishing(rank: int) -> None:
     mark_done(rank)  # this rank's exit is not a failure, whenever the others end
+    mark_finished()  # and polydist trace says it had finished, if the others wait for it
     ignore_exit_notices()  # Hydra's SIGUSR1s as the other ranks exit
 
 

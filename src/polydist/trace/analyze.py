@@ -68,6 +68,8 @@ class Diagnosis(Findings):
 def _where(rank: int, relation: str, dumps: Dumps, source: str = "polydist") -> Where:
     dump = dumps.ranks.get(rank)
     if dump is None:
+        if rank in dumps.finished:
+            return Where(rank, relation, "finished")
         unreadable = any(p.rank == rank for p in dumps.problems)
         return Where(rank, "unknown", "unreadable" if unreadable else "no dump")
     relation = relation if dump.recorded(source) else "unknown"
@@ -157,9 +159,9 @@ def _disagreement(group: tuple, dumps: Dumps, source: str = "polydist") -> Optio
 def diagnose(dumps: Dumps) -> Diagnosis:
     """What the dumps say: stuck calls, ranks with no dump, the first disagreement per group. Never raises."""
     have = set(dumps.ranks) | {p.rank for p in dumps.problems}
-    missing = [r for r in range(dumps.world_size or 0) if r not in have]
+    missing = [r for r in range(dumps.world_size or 0) if r not in have and r not in dumps.finished]
     found = Diagnosis(dumps.directory, dumps.world_size, [dumps.ranks[r] for r in sorted(dumps.ranks)],
-                      list(dumps.problems), missing)  # fmt: skip
+                      list(dumps.problems), missing, sorted(dumps.finished))  # fmt: skip
     # polydist's own recorder, then torch's (gloo's and nccl's operations, whoever called them): each on its own,
     # since each numbers a group's collectives its own way.
     for source in ("polydist", "torch"):
@@ -224,6 +226,6 @@ def _as_dict(found: Diagnosis) -> dict:
               if len({w.call.collective for w in s.waiting}) == 1 else None} for s in found.stuck]  # fmt: skip
     return {
         "directory": found.directory, "world_size": found.world_size, "healthy": found.healthy, "ranks": ranks,
-        "missing": found.missing, "problems": _plain(found.problems), "stuck": stuck,
+        "missing": found.missing, "finished": found.finished, "problems": _plain(found.problems), "stuck": stuck,
         "disagreements": _plain(found.disagreements), "text": render(found),
     }  # fmt: skip

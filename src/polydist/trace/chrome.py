@@ -11,9 +11,12 @@ The file is the JSON object form of the Trace Event Format
   calls of a group that overlap in time (``async_op`` ones, or several Python
   threads) go to further threads named ``group [0,1] (2)``, ...;
 - one complete event (``"ph": "X"``) per call, named ``all_reduce #41`` or
-  ``send to rank 1``; ``args`` carry op, root, dtypes, shapes, bytes, the
-  call site (``file:line``, full path), function, state, error, seq, group
-  and async. A call that had not completed when its rank dumped ends at the
+  ``send to rank 1`` (and per operation of torch's own recorder that no
+  polydist call made, named ``gloo:all_reduce #11``: DDP's, FSDP2's and the
+  program's own ``torch.distributed`` calls on gloo and nccl); ``args``
+  carry op, root, dtypes, shapes, bytes, the call site (``file:line``, full
+  path), function, state, error, seq, group, async and source (the
+  recorder: "polydist" or "torch"). A call that had not completed when its rank dumped ends at the
   dump's time with state "started" and colour ``"cname": "bad"``; a failed
   one has ``"cname": "terrible"``;
 - one instant event (``"ph": "i"``, process scope) at each dump, named
@@ -48,7 +51,7 @@ def _args(call: Call) -> dict:
         "op": call.op, "root": call.root, "dtypes": list(call.dtypes), "shapes": [list(s) for s in call.shapes],
         "bytes": call.bytes, "site": f"{call.file}:{call.line}" if call.file else None, "function": call.function,
         "state": call.state, "error": call.error, "seq": call.seq, "group": list(call.group), "async": call.is_async,
-        "value": call.value, "id": call.id,
+        "value": call.value, "id": call.id, "source": call.source,
     }  # fmt: skip
 
 
@@ -57,10 +60,22 @@ def _end(call: Call, dump: Dump) -> float:
     return call.end if call.end is not None else max(dump.time, call.start)
 
 
+def _calls(dump: Dump) -> list:
+    """polydist's calls, and torch's own records of the operations polydist did not make (DDP's, FSDP2's, the
+    program's ``torch.distributed`` calls on gloo and nccl): one event per operation. A torch record that began
+    within a polydist call of the same group is that call's own operation."""
+    mine = dump.calls
+
+    def inside(op: Call) -> bool:
+        return any(c.group == op.group and c.start <= op.start and (c.end is None or op.start <= c.end) for c in mine)
+
+    return list(mine) + [op for op in dump.torch_calls if not inside(op)]
+
+
 def _threads(dump: Dump) -> list:
     """``(thread name, calls)`` per lane: each group's calls, split so that no two calls of a lane overlap."""
     lanes: dict = {}  # group -> [[calls], ...]
-    for call in sorted(dump.calls, key=lambda c: (c.start, c.id)):
+    for call in sorted(_calls(dump), key=lambda c: (c.start, c.id)):
         mine = lanes.setdefault(call.group, [])
         lane = next((lane for lane in mine if _end(lane[-1], dump) <= call.start), None)
         if lane is None:
@@ -103,7 +118,7 @@ def _process(dump: Dump, t0: float) -> tuple:
 def chrome_trace(dumps: Dumps) -> dict:
     """The Chrome trace of ``dumps`` (see the module docstring), as a JSON-ready dict. Never raises."""
     ranks = [dumps.ranks[r] for r in sorted(dumps.ranks)]
-    moments = [d.time for d in ranks] + [c.start for d in ranks for c in d.calls]
+    moments = [d.time for d in ranks] + [c.start for d in ranks for c in _calls(d)]
     t0: Optional[float] = min(moments, default=None)
     meta, events = [], []
     for dump in ranks:

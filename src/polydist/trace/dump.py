@@ -21,6 +21,7 @@ where it waits. Handlers are only installed where the program has none
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import json
 import os
@@ -41,7 +42,7 @@ from . import history
 from .torch_records import torch_records
 
 __all__ = ["dump_trace", "dump_path", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers",
-           "ignore_exit_notices", "FORMAT", "VERSION", "DUMP_NOTE", "DISCARDED", "LEAVING"]  # fmt: skip
+           "ignore_exit_notices", "mark_finished", "FORMAT", "VERSION", "DUMP_NOTE", "DISCARDED", "LEAVING"]  # fmt: skip
 
 FORMAT, VERSION = "polydist-trace", 1
 DISCARDED = "step discarded"  # the reason of a fault-tolerant job's dump when a lost peer made it discard a step
@@ -108,6 +109,19 @@ def _stacks() -> list:
 def dump_path(folder: str, rank: int) -> str:
     """The file of ``rank``'s dump in ``folder``: ``rank<R>.json``."""
     return os.path.join(folder, f"rank{rank}.json")
+
+
+def mark_finished() -> None:
+    """Note in ``$POLYDIST_TRACE_DIR`` that this rank ended its program normally (``rank<R>.finished``): when
+    another rank fails waiting for it, ``polydist trace`` and the launcher's report say it had finished, rather
+    than "no dump". Only under a launcher that names the folder (polydist run); never raises."""
+    folder = settings.TRACE_DIR.read()
+    rank = _who()["rank"]
+    if not folder or rank is None:
+        return
+    with contextlib.suppress(OSError):
+        with open(os.path.join(folder, f"rank{rank}.finished"), "w"):
+            pass
 
 
 def _frames(summary: traceback.StackSummary) -> list:

@@ -20,7 +20,8 @@ class Where:
     ``site``: the innermost frame of user code of its traceback, None without
     one), "user code" / "library code" (the innermost frame of its main
     thread outside polydist, torch and the standard library / of any kind:
-    ``site``), "no stack", "no dump", "unreadable". With "raised", "user code",
+    ``site``), "no stack", "no dump", "unreadable", "finished" (no dump: it
+    ended its program normally). With "raised", "user code",
     "library code" and "no stack", ``last`` is its last call, completed
     ``seconds`` before its dump.
     """
@@ -71,7 +72,8 @@ class Findings:
     world_size: Optional[int]
     dumps: list  # Dump, by rank
     problems: list  # Problem
-    missing: list  # ranks of the world with no dump file at all
+    missing: list  # ranks of the world with no dump file at all (and not finished)
+    finished: list = field(default_factory=list)  # ranks with no dump that finished their program (exit code 0)
     stuck: list = field(default_factory=list)
     disagreements: list = field(default_factory=list)
 

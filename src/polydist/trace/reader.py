@@ -29,6 +29,7 @@ __all__ = ["Site", "Stack", "Call", "Earlier", "Dump", "Problem", "Dumps", "load
            "innermost", "raised_at"]  # the types: from .records, named here for callers
 
 _FILE = re.compile(r"rank(\d+)\.json")
+_FINISHED = re.compile(r"rank(\d{1,9})\.finished")  # written by trace.dump.mark_finished
 _MAX_BYTES = 256 << 20  # a 2,000-entry dump is about 1 MB; more is not a dump
 
 
@@ -256,6 +257,10 @@ def load(directory: str) -> Dumps:
                                                       f"{os.path.basename(dumps.ranks[rank].path)} is used"))
         else:
             dumps.ranks[rank] = dump
+    for name in os.listdir(directory):  # ranks that ended their program normally (polydist run's workers)
+        m = _FINISHED.fullmatch(name)
+        if m and int(m.group(1)) not in dumps.ranks:
+            dumps.finished[int(m.group(1))] = os.path.getmtime(os.path.join(directory, name))
     sizes = sorted({d.world_size for d in dumps.ranks.values() if d.world_size is not None})
     if len(sizes) > 1:
         said = ", ".join(f"{os.path.basename(d.path)} says {d.world_size}" for d in dumps.ranks.values())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 __all__ = ["Site", "Stack", "Call", "Earlier", "Dump", "Problem", "Dumps", "is_library", "innermost", "innermost_of",
@@ -152,6 +152,7 @@ class Dumps:
     ranks: dict
     problems: list
     world_size: Optional[int]
+    finished: dict = field(default_factory=dict)  # rank -> when it finished its program (rank<R>.finished)
 
 
 # ---------------------------------------------------------------- where a rank's own code is

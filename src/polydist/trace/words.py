@@ -129,6 +129,8 @@ class _Words:
             return f"{subject} {be} in {label(w.call, group)} at {self.at(w.call.site)}"
         if w.kind == "failed":
             return f"{its} last call, {label(w.call, group)} at {self.at(w.call.site)}, failed: {brief(w.call.error)}"
+        if w.kind == "finished":
+            return f"{subject} had finished {its} program (exit code 0)"
         if w.kind == "no stack":
             text = f"{its} dump has no stack of the main thread"
         elif w.kind == "raised":
@@ -234,6 +236,9 @@ def render(found: Findings) -> list:
         they = len(found.missing) > 1
         lines.append(f"no dump from {_who(found.missing)} ({'they' if they else 'it'} died before "
                      f"{'they' if they else 'it'} could write one, or {'were' if they else 'was'} killed by SIGKILL)")
+    if found.finished:
+        lines.append(f"{_who(found.finished)} finished {'their' if len(found.finished) > 1 else 'its'} program "
+                     "(exit code 0) and wrote no dump")
     lines += [p.text() for p in found.problems]
     lines += [words.stuck(s) for s in found.stuck]
     lines += [words.disagreement(d) for d in found.disagreements]
