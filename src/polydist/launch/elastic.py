@@ -31,7 +31,7 @@ import os
 import signal
 import sys
 import uuid
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -211,17 +211,15 @@ def launch(
         announce_restart = on_restart or (lambda failures, done, most: _announce_restart(failures, done, most, nnodes))
         agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
         agent_log.addFilter(_no_traceback)
-        quiet = _quiet_agent()
         try:
             watch = _liveness(trace_dir, first_rank)
-            with _torch.restart_hook(announce_restart, watch):
+            with _quiet_agent(), _torch.restart_hook(announce_restart, watch):
                 with _torch.fresh_worker_store(cfg.max_restarts > 0 or cfg.rdzv_backend == "c10d"):
                     return elastic_launch(cfg, entrypoint)(*args)
         except ChildFailedError as exc:
             raise _failure_report(exc.failures, nnodes, cfg.max_restarts) from None
         finally:
             agent_log.removeFilter(_no_traceback)
-            quiet()
 
 
 def _liveness(trace_dir: Optional[str], first_rank: int = 0) -> Optional[Callable[[dict], None]]:
@@ -253,20 +251,22 @@ def _announce_restart(failures: Optional[dict], done: int, most: int, nnodes: in
     sys.stderr.flush()
 
 
-def _quiet_agent() -> Callable[[], None]:
+@contextlib.contextmanager
+def _quiet_agent() -> Iterator[None]:
     """Silence torch elastic's own log lines ("Sending process ... closing signal", "failed (exitcode ...)"),
     which polydist's report says in its words, unless ``$LOGLEVEL`` asks for them (torchrun's setting, read
-    by torch's loggers); returns what puts the levels back."""
-    if os.environ.get("LOGLEVEL"):
-        return lambda: None
-    import torch.distributed.launcher.api  # noqa: F401 - the agent and its loggers exist once imported
-
-    loggers = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict)
-               if n.startswith("torch.distributed.elastic")]  # fmt: skip
+    by torch's loggers); their levels are put back after."""
+    loggers = [] if os.environ.get("LOGLEVEL") else [
+        logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.startswith("torch.distributed.elastic")
+    ]  # the agent's modules are imported by now (launcher.api, at this module's top): their loggers exist
     levels = [(log, log.level) for log in loggers]
     for log in loggers:
         log.setLevel(logging.CRITICAL)
-    return lambda: [log.setLevel(level) for log, level in levels] and None
+    try:
+        yield
+    finally:
+        for log, level in levels:
+            log.setLevel(level)
 
 
 def _no_traceback(record: logging.LogRecord) -> bool:

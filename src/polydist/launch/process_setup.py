@@ -28,6 +28,7 @@ from . import group_timeout
 from .environment import detect
 from ..settings import FAILURE_DIR, TRACE_DIR
 from ..trace.dump import failed
+from ..trace.records import is_library
 
 __all__ = [
     "worker_setup", "death_signal_setter", "die_with_parent", "worker_errors", "dump_when_uncaught", "interrupted",
@@ -133,8 +134,7 @@ def interrupted(exc: BaseException) -> str:
     """One line for a rank stopped by Ctrl-C (``KeyboardInterrupt``): where its own code was, instead of a
     traceback of the launcher's and the library's frames above and below it."""
     frames = traceback.extract_tb(exc.__traceback__)
-    library = (os.path.dirname(os.path.dirname(__file__)), sys.prefix, sys.base_prefix, "<frozen")
-    own = [f for f in frames if not f.filename.startswith(library)] or frames[-1:]
+    own = [f for f in frames if not is_library(f.filename)] or frames[-1:]  # the rule polydist trace's places use
     at = f" at {own[-1].filename}:{own[-1].lineno} (in {own[-1].name})" if own else ""
     return f"interrupted ({type(exc).__name__}){at}"
 
@@ -151,9 +151,8 @@ def dump_when_uncaught() -> None:
     MPI group's abort hook is in place: it writes the dump itself. A non-zero
     ``sys.exit`` or ``os._exit`` raises nothing that reaches the hook.
     """
-    if not TRACE_DIR.read() or getattr(sys.excepthook, "_polydist_dump", False):
-        return
-    if getattr(sys.excepthook, "_polydist_abort", False):
+    hooked = getattr(sys.excepthook, "_polydist_dump", False) or getattr(sys.excepthook, "_polydist_abort", False)
+    if hooked or not TRACE_DIR.read():
         return
     previous = sys.excepthook
 

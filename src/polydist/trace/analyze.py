@@ -39,6 +39,7 @@ from typing import Any, Optional
 
 from .findings import Disagreement, Findings, Stuck, Waiter, Where
 from .reader import Call, Dump, Dumps, Problem, Site, innermost, load, raised_at
+from .records import made_by
 from .words import describe, headline, label, render
 
 __all__ = ["Where", "Waiter", "Stuck", "Disagreement", "Diagnosis", "diagnose", "load", "describe", "label"]
@@ -177,8 +178,7 @@ def _said(stuck: Stuck, earlier: list) -> bool:
     if stuck.waiting[0].call.source != "torch":
         return False
     mine = [w.call for s in earlier for w in s.waiting if w.call.source == "polydist"]
-    return all(any(c.rank == w.rank and c.group == stuck.group and c.start <= w.call.start
-                   and (c.end is None or w.call.start <= c.end) for c in mine) for w in stuck.waiting)  # fmt: skip
+    return all(any(made_by(w.call, c) for c in mine) for w in stuck.waiting)
 
 
 def _find(found: Diagnosis, dumps: Dumps, source: str) -> None:

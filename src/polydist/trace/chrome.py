@@ -35,6 +35,7 @@ from typing import Optional
 
 from .words import label
 from .reader import Call, Dump, Dumps
+from .records import made_by
 
 __all__ = ["chrome_trace", "write_chrome"]
 
@@ -64,12 +65,11 @@ def _calls(dump: Dump) -> list:
     """polydist's calls, and torch's own records of the operations polydist did not make (DDP's, FSDP2's, the
     program's ``torch.distributed`` calls on gloo and nccl): one event per operation. A torch record that began
     within a polydist call of the same group is that call's own operation."""
-    mine = dump.calls
-
-    def inside(op: Call) -> bool:
-        return any(c.group == op.group and c.start <= op.start and (c.end is None or op.start <= c.end) for c in mine)
-
-    return list(mine) + [op for op in dump.torch_calls if not inside(op)]
+    by_group: dict = {}
+    for call in dump.calls:
+        by_group.setdefault(call.group, []).append(call)
+    return list(dump.calls) + [op for op in dump.torch_calls
+                               if not any(made_by(op, c) for c in by_group.get(op.group, ()))]  # fmt: skip
 
 
 def _threads(dump: Dump) -> list:

@@ -232,7 +232,8 @@ def read_dump(path: str) -> Dump:
 
 
 def load(directory: str) -> Dumps:
-    """Read every ``rank<R>.json`` of ``directory``; other files are ignored.
+    """Read every ``rank<R>.json`` of ``directory``, and which ranks left ``rank<R>.finished`` instead; other
+    files are ignored.
 
     A file that cannot be used (unreadable, too large, not JSON, not the
     format, a rank that its name or the other dumps contradict) is left out
@@ -242,7 +243,8 @@ def load(directory: str) -> Dumps:
         FileNotFoundError, NotADirectoryError: ``directory`` is not a directory.
     """
     dumps = Dumps(directory, {}, [], None)
-    files = sorted((int(m.group(1)), m.group(0)) for m in map(_FILE.fullmatch, os.listdir(directory)) if m)
+    names = os.listdir(directory)
+    files = sorted((int(m.group(1)), m.group(0)) for m in map(_FILE.fullmatch, names) if m)
     for rank, name in files:
         try:
             dump = read_dump(os.path.join(directory, name))
@@ -257,10 +259,8 @@ def load(directory: str) -> Dumps:
                                                       f"{os.path.basename(dumps.ranks[rank].path)} is used"))
         else:
             dumps.ranks[rank] = dump
-    for name in os.listdir(directory):  # ranks that ended their program normally (polydist run's workers)
-        m = _FINISHED.fullmatch(name)
-        if m and int(m.group(1)) not in dumps.ranks:
-            dumps.finished[int(m.group(1))] = os.path.getmtime(os.path.join(directory, name))
+    # ranks that ended their program normally and wrote no dump (rank<R>.finished)
+    dumps.finished = {int(m.group(1)) for m in map(_FINISHED.fullmatch, names) if m} - set(dumps.ranks)
     sizes = sorted({d.world_size for d in dumps.ranks.values() if d.world_size is not None})
     if len(sizes) > 1:
         said = ", ".join(f"{os.path.basename(d.path)} says {d.world_size}" for d in dumps.ranks.values())

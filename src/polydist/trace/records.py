@@ -152,7 +152,14 @@ class Dumps:
     ranks: dict
     problems: list
     world_size: Optional[int]
-    finished: dict = field(default_factory=dict)  # rank -> when it finished its program (rank<R>.finished)
+    finished: set = field(default_factory=set)  # ranks with no dump that finished their program (rank<R>.finished)
+
+
+def made_by(op: Call, call: Call) -> bool:
+    """Whether torch's record ``op`` is polydist's ``call``'s own operation (polydist's calls on gloo and nccl are
+    in both recorders): the same rank and group, begun while the call ran."""
+    return (call.rank == op.rank and call.group == op.group and call.start <= op.start
+            and (call.end is None or op.start <= call.end))  # fmt: skip
 
 
 # ---------------------------------------------------------------- where a rank's own code is

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import math
 import os
 import shutil
 import subprocess
@@ -152,8 +153,9 @@ def launcher_options(detector_timeout: Optional[float] = None) -> list:
     return options
 
 
-def keep_progress(interval: float = 0.05) -> threading.Event:
-    """Turn MPI's progress engine every ``interval`` seconds from a daemon thread; set the returned event to stop.
+def keep_progress(interval: float = 0.05) -> "Heartbeats":
+    """Turn MPI's progress engine every ``interval`` seconds from a daemon thread, until the returned
+    :class:`Heartbeats`' ``stop()`` (or :func:`finalize`, or the interpreter's exit).
 
     Keeps the failure detector's heartbeats going while the rank computes outside MPI (an ``Iprobe`` on
     ``COMM_SELF`` progresses every transport). ``interval``: well under the detector's period.
@@ -161,20 +163,7 @@ def keep_progress(interval: float = 0.05) -> threading.Event:
     Raises:
         RuntimeError: MPI was not initialized with ``MPI_THREAD_MULTIPLE`` (mpi4py's default).
     """
-    MPI = _mpi()
-    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-        raise RuntimeError("keep_progress needs MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level = 'multiple')")
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.wait(interval):
-            MPI.COMM_SELF.Iprobe()
-
-    thread = threading.Thread(target=run, name="ulfm-progress", daemon=True)
-    thread.start()
-    # Stopped before mpi4py's MPI_Finalize (a C-level exit hook, run after atexit's): no MPI call may overlap it.
-    atexit.register(lambda: (stop.set(), thread.join()))
-    return stop
+    return Heartbeats(grace=math.inf, interval=interval)
 
 
 class Heartbeats:
@@ -183,9 +172,10 @@ class Heartbeats:
     The detector takes a rank that turns no MPI progress for its timeout for failed, even one that computes:
     every rank building its model and loading data before the first step would be declared failed by
     the others. Between :meth:`pause` (a step begins) and :meth:`resume` (it ended) the detector judges
-    the rank as it is; outside steps a thread turns the progress engine (as :func:`keep_progress`), for
-    at most ``grace`` seconds per stretch, so that a rank hung outside any step is still declared
-    failed, ``grace`` plus the timeout later. Starts resumed.
+    the rank as it is; outside steps a thread turns the progress engine (an ``Iprobe`` on ``COMM_SELF``
+    every ``interval`` seconds), for at most ``grace`` seconds per stretch, so that a rank hung outside
+    any step is still declared failed, ``grace`` plus the timeout later. Starts resumed; stopped by
+    :meth:`stop`, :func:`finalize` or the interpreter's exit.
 
     Raises:
         RuntimeError: MPI was not initialized with ``MPI_THREAD_MULTIPLE``.
@@ -205,7 +195,8 @@ class Heartbeats:
 
         self._thread = threading.Thread(target=run, name="ulfm-heartbeats", daemon=True)
         self._thread.start()
-        atexit.register(self.stop)  # before mpi4py's MPI_Finalize (see keep_progress)
+        # Stopped before mpi4py's MPI_Finalize (a C-level exit hook, run after atexit's): no MPI call may overlap it.
+        atexit.register(self.stop)
         _HEARTBEATS.add(self)
 
     def pause(self) -> None:
@@ -218,6 +209,7 @@ class Heartbeats:
         self._stop.set()
         self._thread.join()
         _HEARTBEATS.discard(self)
+        atexit.unregister(self.stop)
 
 
 _HEARTBEATS: set = set()  # the live ones, which finalize() stops
@@ -241,11 +233,11 @@ def finalize() -> None:
 def progressing(interval: float = 0.05) -> Iterator[None]:
     """:func:`keep_progress` for the duration of a ``with`` block: around an MPI call that blocks without turning
     the progress engine (``MPI_Comm_spawn``'s root waits on the runtime while the new processes start)."""
-    stop = keep_progress(interval)
+    heartbeats = keep_progress(interval)
     try:
         yield
     finally:
-        stop.set()
+        heartbeats.stop()
 
 
 def is_process_failure(exc: BaseException) -> bool:
