@@ -185,6 +185,7 @@ def _check_announced(info: ProcessInfo, pg: "dist.ProcessGroup", owned: bool) ->
 on_world_made: list = []
 on_initialized: list = []
 on_finalize: list = []
+exiting = False  # set at interpreter exit before the hooks run: a program that gets there did not finalize
 while_leaving: list = []
 
 
@@ -200,7 +201,8 @@ def _leave_at_exit() -> None:
     Without waiting for the other ranks: the process may be ending for an
     error, and its peers, waiting in a collective with it, must see it go.
     """
-    global _world
+    global _world, exiting
+    exiting = True
     if _world is not None and _world.owns_group:
         leave(wait=False)
     _world = None

@@ -5,7 +5,9 @@ Such a job is made of *replica groups*: ``polydist run --nproc-per-node 4
 torch.distributed world of its own (what :func:`polydist.get_rank` and
 :func:`polydist.get_world_size` describe, and what ``group=None`` means), and
 each holds a full copy of the model: the replica groups train one model
-data-parallel, step by step, through the backend's engine: torchft on gloo
+data-parallel, step by step (with ``--replica-group-size K``, FSDP2 shards the
+model inside each replica group of K ranks: HSDP, see
+:mod:`polydist.backends.torchft.sharded`), through the backend's engine: torchft on gloo
 and nccl (:mod:`polydist.backends.torchft`), MPI's ULFM on ``mpi`` under Open
 MPI (:mod:`polydist.backends.mpi4py.ft_manager`, whose manager answers to
 the same calls). When a replica group is lost (killed, raised, frozen, hung)
@@ -84,12 +86,13 @@ class FaultTolerance:
                  manager: Any, transport: Any) -> None:  # fmt: skip
         self.replica_group, self.num_replica_groups = replica_group, num_replica_groups
         self.rank, self.world_size = replica_group * group_size + group_rank, num_replica_groups * group_size
-        self.manager, self._transport = manager, transport
+        self.manager, self._transport, self._group_size = manager, transport, group_size
         self._lead = group_rank == 0  # rank 0 of the replica group logs for it (its ranks vote alike)
         self._quorum_id: Optional[int] = None
         self._discarded, self._failing_since, self._step_began = 0, 0.0, time.time()
         self._received: Optional[tuple] = None  # (bytes, seconds) of the last state received
         self._states: dict[str, Callable[[], Any]] = {}
+        self._before_vote: list[Callable[[], None]] = []
 
     @property
     def step(self) -> int:
@@ -119,6 +122,12 @@ class FaultTolerance:
         self._states[name] = state_dict
         self._transport.required = frozenset(self._states)
 
+    def before_vote(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` on this rank before each commit vote, after backward (every rank registers the same):
+        :func:`~polydist.auto_model` with ``use_fsdp=True`` averages the gradient shards over the replica groups
+        there. A failure it reports to the manager (``manager.report_error``) discards the step."""
+        self._before_vote.append(fn)
+
     def start_step(self) -> None:
         """Start the next step (every rank, before the forward pass; the optimizer's ``zero_grad`` calls it):
         torchft's quorum of the replica groups taking part, run beside the forward pass. Every step asks for
@@ -131,6 +140,8 @@ class FaultTolerance:
     def should_commit(self) -> bool:
         """torchft's commit vote for this step (every rank of the replica group calls it once a step, after
         backward): whether to apply the step. Logs what the launcher reports."""
+        for fn in self._before_vote:
+            fn()
         ok = self.manager.should_commit()
         if self._lead:
             self._log(ok)
@@ -167,16 +178,24 @@ class FaultTolerance:
         self._received = (size, seconds)
 
     def digest(self) -> str:
-        """SHA-256 of every registered state (model, optimizer, ...): equal on replica groups that hold the same."""
+        """SHA-256 of every registered state (model, optimizer, ...) of every rank of the replica group: equal on
+        replica groups that hold the same. In a replica group of several ranks, a collective of the group (each
+        holds its own shards under FSDP2)."""
         states = {name: fn() for name, fn in sorted(self._states.items())}
         from .backends.torchft.transport import plain
 
-        return hashlib.sha256(codec.encode(plain(states))).hexdigest()
+        mine = hashlib.sha256(codec.encode(plain(states))).hexdigest()
+        if self._group_size == 1:
+            return mine
+        from .collectives.gather import all_gather
+
+        return hashlib.sha256("".join(all_gather(mine)).encode()).hexdigest()
 
     def finish(self) -> None:
         """Log how this replica group ended (its step and :meth:`digest`) and stop the manager's servers."""
+        digest = self.digest()  # every rank: a collective of the replica group when it has several
         if self._lead:
-            ft_events.record("finished", self.replica_group, step=self.step, digest=self.digest())
+            ft_events.record("finished", self.replica_group, step=self.step, digest=digest)
         self.manager.shutdown(wait=False)
 
 
@@ -350,7 +369,10 @@ def stop() -> None:
     session, _session = _session, None
     if session is not None:
         _stopped = True
-        session.finish()
+        if context.exiting:  # an error ended the program (the worker stops a finished one first): no end to log
+            session.manager.shutdown(wait=False)
+        else:
+            session.finish()
     elif is_fault_tolerant() and not _stopped:
         _stopped = True
         print("polydist: this program ran under --fault-tolerant but never joined the fault-tolerant job (no "

@@ -112,9 +112,14 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
       model, on its device, is wrapped in torchft's ``DistributedDataParallel``
       with polydist's comm hook: its backward averages the gradients over the
       replica groups taking part in the step (without blocking backward), and
-      its state is what a recovering replica group receives. Replica groups
-      of one process only; ``use_fsdp`` and ``sync_bn`` raise ``ValueError``
-      there (not supported yet).
+      its state is what a recovering replica group receives. In replica
+      groups of several ranks (``--replica-group-size``), ``use_fsdp=True``
+      shards the model with FSDP2 inside each replica group and averages the
+      gradient shards across them before each commit vote (HSDP, see
+      :mod:`polydist.backends.torchft.sharded`); without it ``ValueError``
+      (a whole model per rank needs replica groups of one process), as for
+      ``sync_bn`` (not supported there yet). In replica groups of one
+      process ``use_fsdp`` shards nothing, as in a serial program.
 
     Source: idist ``auto_model``. Differences: no ``DataParallel`` when serial
     with several GPUs (PyTorch recommends DDP over it, and it would change
@@ -130,7 +135,7 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
     model.to(dev)
     session = ft.fault_tolerance()
     if session is not None:
-        return _fault_tolerant_model(session, model, use_fsdp or sync_bn, ddp_kwargs)
+        return _fault_tolerant_model(session, model, dev, use_fsdp, sync_bn, ddp_kwargs)
     if not _distributed() or isinstance(model, DistributedDataParallel):
         return model
     if use_fsdp:
@@ -154,21 +159,34 @@ def auto_model(model: nn.Module, sync_bn: bool = False, *, use_fsdp: bool = Fals
     return DistributedDataParallel(model, **ddp_kwargs)
 
 
-def _fault_tolerant_model(session: Any, model: nn.Module, sharded_or_sync: bool, ddp_kwargs: dict) -> nn.Module:
-    """``auto_model`` under ``polydist run --fault-tolerant``: torchft's DDP across the replica groups (see
-    :mod:`polydist.ft`); the model's state is what a recovering replica group receives."""
-    from .backends.torchft.wrappers import FaultTolerantDDP
+def _fault_tolerant_model(session: Any, model: nn.Module, dev: torch.device, use_fsdp: bool, sync_bn: bool,
+                          kwargs: dict) -> nn.Module:  # fmt: skip
+    """``auto_model`` under ``polydist run --fault-tolerant`` (see :mod:`polydist.ft`): torchft's DDP across replica
+    groups of one process; FSDP2 inside replica groups of several, their shards averaged across (HSDP). The model's
+    state is what a recovering replica group receives."""
+    if sync_bn:
+        raise ValueError("auto_model under --fault-tolerant: sync_bn is not supported there yet")
+    if use_fsdp and get_world_size() > 1:
+        from .backends.torchft import sharded
 
-    if sharded_or_sync or get_world_size() > 1:
+        model = model if fsdp.is_sharded(model) else fsdp.shard(model, dev, kwargs)
+        session.register_state("model", *sharded.model_state(model))
+        params = list(model.parameters())
+        session.before_vote(lambda: sharded.average_gradients(session.manager, params))
+        return model
+    if get_world_size() > 1:
         raise ValueError(
-            "auto_model under --fault-tolerant replicates the whole model in replica groups of one process "
-            f"(this replica group has {get_world_size()}); use_fsdp and sync_bn are not supported there yet"
+            f"auto_model under --fault-tolerant: this replica group has {get_world_size()} ranks; replicating the "
+            "whole model in each needs replica groups of one process (--replica-group-size 1), or shard it inside "
+            "the replica group with use_fsdp=True (HSDP)"
         )
     if isinstance(model, DistributedDataParallel):
         return model
-    ddp_kwargs.pop("find_unused_parameters", None)  # torchft sets it: buckets must never be rebuilt
+    kwargs.pop("find_unused_parameters", None)  # torchft sets it: buckets must never be rebuilt
     session.register_state("model", model.state_dict, model.load_state_dict)
-    return FaultTolerantDDP(session.manager, model, **ddp_kwargs)
+    from .backends.torchft.wrappers import FaultTolerantDDP
+
+    return FaultTolerantDDP(session.manager, model, **kwargs)
 
 
 def _own_training(distributed: bool) -> Any:
@@ -233,7 +251,11 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
     if session is not None:
         from .backends.torchft.wrappers import FaultTolerantOptimizer
 
-        session.register_state("optimizer", optimizer.state_dict, optimizer.load_state_dict)
+        from .backends.torchft import sharded
+
+        # a sharded model's optimizer holds DTensors: each rank sends its own shards (plain tensors otherwise)
+        session.register_state("optimizer", lambda: sharded.local_state(optimizer.state_dict()),
+                               sharded.load_optimizer(optimizer))  # fmt: skip
         return FaultTolerantOptimizer(session.manager, optimizer, session.start_step, session.should_commit)
     own = _own_training(_distributed())
     if kwargs and own is None:

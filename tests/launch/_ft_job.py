@@ -8,7 +8,8 @@ STEP: ``kill`` (SIGKILL to itself), ``stop`` (SIGSTOP to itself: frozen) and
 that the others wait for it in the step's gradient all-reduce; ``raise`` (a
 RuntimeError) after backward, between the all-reduce and the commit vote. Each start prints ``start: replica R incarnation I
 pid P``, so a test can tell that the survivors were never restarted; each
-discarded step prints ``discarded: step S`` on that replica group.
+discarded step prints ``discarded: step S`` on that replica group. In replica groups of several ranks
+(``--replica-group-size``) the model is sharded with FSDP2 inside each (HSDP); a fault then hits the group's rank 0.
 """
 
 import os
@@ -40,7 +41,8 @@ def main() -> None:
     incarnation = pdist.restart_count()
     print(f"start: replica {ft.replica_group} incarnation {incarnation} pid {os.getpid()}", flush=True)
     torch.manual_seed(0)
-    model = pdist.auto_model(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+    layers = torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.ReLU(), torch.nn.Linear(33, 4))  # 33: uneven shards
+    model = pdist.auto_model(layers, use_fsdp=pdist.get_world_size() > 1)  # replica groups of several ranks: HSDP
     optimizer = pdist.auto_optim(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     kind, replica, at = (os.environ.get("FT_FAULT") or "none:-1:-1").split(":")
     while ft.step < steps:
@@ -49,7 +51,7 @@ def main() -> None:
         x, y = torch.randn(8, 16, generator=data), torch.randint(0, 4, (8,), generator=data)
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
-        mine = incarnation == 0 and ft.replica_group == int(replica) and step == int(at)
+        mine = incarnation == 0 and ft.replica_group == int(replica) and step == int(at) and pdist.get_rank() == 0
         if mine and kind != "raise":
             fire(kind)
         loss.backward()

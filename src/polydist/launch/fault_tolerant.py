@@ -88,6 +88,8 @@ def run(ns: argparse.Namespace, worker: list, trace_dir: str) -> int:
     common = {"NUM_REPLICA_GROUPS": str(replicas), settings.FAULT_TOLERANT.name: "1",
               settings.FT_MIN_REPLICAS.name: str(ns.min_replicas), settings.FT_GROUP_SIZE.name: str(size),
               settings.FT_REPLACEMENTS.name: str(most)}  # fmt: skip
+    if "OMP_NUM_THREADS" not in os.environ:  # the node's share: each replica group's agent counts only its own ranks
+        common["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ns.nproc_per_node))
     if _engine(ns) == "ulfm":
         with tempfile.TemporaryDirectory(prefix="polydist-ft-") as events:
             env = dict(os.environ, **common, **{settings.FT_EVENTS.name: events})

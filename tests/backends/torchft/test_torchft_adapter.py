@@ -14,58 +14,12 @@ torchft = pytest.importorskip("torchft", reason="torchft is not installed: pip i
 
 from polydist import codec  # noqa: E402
 from polydist.backends.torchft import engine, transport, wrappers  # noqa: E402
+from _fakes import _Group, _Manager  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
 
 # ---------------------------------------------------------------- the comm hook (torchft 0.2.0's assert)
-
-
-class _FailedFuture:
-    """The future of an all-reduce a dead peer broke: it completes with an error."""
-
-
-class _Work:
-    def __init__(self, error=None, fill=None):
-        self.future = torch.futures.Future()
-        self.error, self.fill = error, fill
-
-    def get_future(self):
-        return self.future
-
-
-class _Group:
-    def __init__(self, error_on_start=None, error=None, fill=None):
-        self.error_on_start, self.error, self.fill, self.works = error_on_start, error, fill, []
-
-    def allreduce(self, tensors, opts):
-        if self.error_on_start is not None:
-            raise self.error_on_start
-        work = _Work(self.error, self.fill)
-        self.works.append((tensors, work))
-        return work
-
-
-class _Manager:
-    """What comm_hook asks of torchft's Manager (its private group too), with its error reporting."""
-
-    def __init__(self, group, participants=2, participating=True):
-        self._pg, self.participants, self.participating, self.reported = group, participants, participating, []
-
-    def errored(self):
-        return self.reported[-1] if self.reported else None
-
-    def wait_quorum(self):
-        pass
-
-    def num_participants(self):
-        return self.participants
-
-    def is_participating(self):
-        return self.participating
-
-    def report_error(self, exc):
-        self.reported.append(exc)
 
 
 def _bucket(values):
@@ -290,3 +244,26 @@ def test_lighthouse_and_manager_listen_on_loopback_only(monkeypatch):
     finally:
         manager.shutdown(wait=False)
         server.shutdown()
+
+
+def test_a_program_that_an_error_ended_logs_no_end_of_its_replica_group(monkeypatch):
+    """At interpreter exit (the worker stops a program that returned before that) polydist.ft.stop only shuts the
+    manager down: the digest of a replica group of several ranks is a collective its dead peers would not join,
+    and a "finished" event would tell the launcher this replica group finished."""
+    from polydist import context, ft
+
+    class Session:
+        ended = []
+
+        def finish(self):
+            self.ended.append("finish")
+
+        manager = type("Manager", (), {"shutdown": lambda self, wait: Session.ended.append(("shutdown", wait))})()
+
+    for exiting, ended in ((True, [("shutdown", False)]), (False, ["finish"])):
+        Session.ended = []
+        monkeypatch.setattr(context, "exiting", exiting)
+        monkeypatch.setattr(ft, "_session", Session())
+        monkeypatch.setattr(ft, "_stopped", False)
+        ft.stop()
+        assert Session.ended == ended

@@ -32,7 +32,7 @@ from torchft.ddp import DistributedDataParallel
 from torchft.process_group import ProcessGroupDummy
 from torchft.optim import OptimizerWrapper
 
-__all__ = ["FaultTolerantDDP", "FaultTolerantOptimizer", "comm_hook"]
+__all__ = ["FaultTolerantDDP", "FaultTolerantOptimizer", "average", "comm_hook"]
 
 
 def _done(value: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
@@ -41,11 +41,11 @@ def _done(value: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
     return done
 
 
-def comm_hook(manager: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: average ``bucket`` over the participating replica groups, without blocking backward.
+def average(manager: Any, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """Start averaging ``buffer`` (in place) over the replica groups taking part in the step; without blocking.
 
-    Returns a future completed with the averaged bucket, or, when the
-    all-reduce failed or timed out, with the bucket as it is (the manager
+    Returns a future completed with ``buffer`` averaged, or, when the
+    all-reduce failed or timed out, with ``buffer`` as it is (the manager
     then holds the error, and the step is not committed). What torchft's
     ``Manager.allreduce`` does, with the future chained here: its own chain
     (``_ManagedWork``) runs its callbacks correctly only on a completed
@@ -55,7 +55,6 @@ def comm_hook(manager: Any, bucket: dist.GradBucket) -> torch.futures.Future[tor
     thread): the group's own timeout ends a hung all-reduce (gloo's, created
     with the manager's timeout; nccl's through torchft's timed work).
     """
-    buffer = bucket.buffer()
     if manager.errored():  # the step already failed: nothing is sent
         return _done(buffer)
     manager.wait_quorum()
@@ -79,6 +78,11 @@ def comm_hook(manager: Any, bucket: dist.GradBucket) -> torch.futures.Future[tor
         return buffer.div_(participants)
 
     return work.get_future().then(settle)
+
+
+def comm_hook(manager: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook: :func:`average` of the bucket over the participating replica groups (backward goes on)."""
+    return average(manager, bucket.buffer())
 
 
 class FaultTolerantDDP(DistributedDataParallel):
