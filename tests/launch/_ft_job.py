@@ -7,7 +7,7 @@ STEP: ``kill`` (SIGKILL to itself), ``stop`` (SIGSTOP to itself: frozen) and
 ``hang`` (sleeps, alive and heartbeating, for ever) just before backward, so
 that the others wait for it in the step's gradient all-reduce; ``raise`` (a
 RuntimeError) after backward, between the all-reduce and the commit vote. Each start prints ``start: replica R incarnation I
-pid P``, so a test can tell that the survivors were never restarted; each
+pid P threads T`` (T: its intra-op threads), so a test can tell that the survivors were never restarted; each
 discarded step prints ``discarded: step S`` on that replica group. In replica groups of several ranks
 (``--replica-group-size``) the model is sharded with FSDP2 inside each (HSDP); a fault then hits the group's rank 0.
 """
@@ -39,7 +39,8 @@ def main() -> None:
     pdist.initialize()
     ft = pdist.fault_tolerance()
     incarnation = pdist.restart_count()
-    print(f"start: replica {ft.replica_group} incarnation {incarnation} pid {os.getpid()}", flush=True)
+    print(f"start: replica {ft.replica_group} incarnation {incarnation} pid {os.getpid()} "
+          f"threads {torch.get_num_threads()}", flush=True)
     torch.manual_seed(0)
     layers = torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.ReLU(), torch.nn.Linear(33, 4))  # 33: uneven shards
     model = pdist.auto_model(layers, use_fsdp=pdist.get_world_size() > 1)  # replica groups of several ranks: HSDP

@@ -65,9 +65,11 @@ def _discarded(line: str) -> int:
     return int(found.group(1)) if found else 0
 
 
-def _check_survived(code, stdout, stderr, replicas: int, lost: int, how: str, steps: int = STEPS):
+def _check_survived(code, stdout, stderr, replicas: int, lost: int, how: str, steps: int = STEPS, nproc: int = 0):
     report = _report(stderr)
     assert code == 0, stderr[-4000:]
+    # every rank, replacements too, has the node's share of the cores (not every core: one-process replica groups)
+    assert set(re.findall(r"threads (\d+)", stdout)) == {str(max(1, os.cpu_count() // (nproc or replicas)))}, stdout
     starts = _starts(stdout)
     assert {r: sorted(set(starts[r])) for r in starts if r != lost} == {r: [0] for r in range(replicas) if r != lost}, starts
     assert starts[lost][0] == 0 and len(starts[lost]) >= 1, starts
@@ -140,7 +142,7 @@ def test_fsdp2_inside_replica_groups_of_two_survives_a_lost_rank(cli_env, kind):
     both replica groups match at the end."""
     code, stdout, stderr = _run(cli_env, 4, f"{kind}:1:30", "--replica-group-size", "2", "--timeout", "5", steps=400)
     how = "lost (killed by SIGKILL)" if kind == "kill" else "RuntimeError: injected fault"
-    report = _check_survived(code, stdout, stderr, 2, 1, how, steps=400)
+    report = _check_survived(code, stdout, stderr, 2, 1, how, steps=400, nproc=4)
     assert _starts(stdout) == {0: [0, 0], 1: [0, 0, 1, 1]}, stdout  # each start line is one rank's
     assert any("replica group 1 rejoined at step" in line and "received the live state" in line for line in report), report
 

@@ -55,6 +55,7 @@ from .ft_growth import DONE, GROWN, Growth
 __all__ = ["UlfmManager", "start"]
 
 REPLICA = settings.FT_REPLICA.name  # in a replacement's environment: the replica group it replaces
+_START_S = 60.0  # how long the live ranks, at the end, wait for a replacement to start (Python, torch, MPI_Init: 3-8 s)
 
 
 class _Work:
@@ -225,8 +226,10 @@ class UlfmManager:
 
     def shutdown(self, wait: bool = True) -> None:
         """The job ends: a replacement still joining is told to leave (nobody is left to give it the state)."""
-        if self._growth is not None:
-            self._give_up(self._growth, again=False)
+        if self._growth is not None:  # waited for longer than a step's timeout: a replacement whose spawn is cut
+            # short fails in MPI_Init against a job gone (Open MPI: "OPAL ERROR: Not supported", dpm.c), and the
+            # spawn still under way holds this rank's MPI_Finalize
+            self._give_up(self._growth, again=False, seconds=max(settings.TIMEOUT.read() or 0.0, _START_S))
 
     # ---------------------------------------------------------------- failures and replacements
 
@@ -257,10 +260,10 @@ class UlfmManager:
                 done = self._replaced.get(replica, 0)
                 self.on_lost(replica, "a process failure, MPI_ERR_PROC_FAILED", done + 1 if done < self._budget else None, self._budget)
 
-    def _give_up(self, growth: Growth, again: bool) -> None:
-        """Drop ``growth``: its spawn is waited for (bounded: the live ranks' timeout), its replacement told to
-        leave; with ``again``, its replica group is due again (while replacements are left)."""
-        growth.wait(settings.TIMEOUT.read() or 60.0)
+    def _give_up(self, growth: Growth, again: bool, seconds: float = 0.0) -> None:
+        """Drop ``growth``: its spawn is waited for (bounded: ``seconds``, else the live ranks' timeout), its
+        replacement told to leave; with ``again``, its replica group is due again (while replacements are left)."""
+        growth.wait(seconds or settings.TIMEOUT.read() or 60.0)
         growth.give_up()
         self._growth, self._switch = None, False
         if again:
