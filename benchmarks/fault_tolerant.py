@@ -73,7 +73,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRAPPER = os.path.join(ROOT, "benchmarks", "_ft_faulty_train.py")
 KINDS = ("kill", "stop", "raise")
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
-TRAINING = re.compile(r"\[rank0\]: (?:world size \d+|\d+ fault-tolerant replica groups), ")
+TRAINING = re.compile(r"\[(?:replica0 )?rank0\]: (?:world size \d+|\d+ fault-tolerant replica groups), ")
 ACCURACY = re.compile(r"final test accuracy: (\d\.\d+)")
 WALL = re.compile(r"wall time: ([\d.]+) s")
 FT_FAULT = re.compile(r"^polydist: fault-tolerant: .*went on after ([\d.]+) s, (no step|\d+ steps?) discarded")
@@ -96,6 +96,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=3.0, help="collective timeout (a stopped rank's peers wait this long)")
     p.add_argument("--frozen-after", type=float, default=3.0, help="POLYDIST_FROZEN_AFTER: a stopped rank is ended after")
     p.add_argument("--paths", default="ft,restart", help="comma-separated: ft, restart")
+    p.add_argument("--fsdp", action="store_true", help="the model sharded by FSDP2 (the example's --fsdp); on the "
+                   "fault-tolerant path inside replica groups of --replica-group-size ranks (HSDP)")
+    p.add_argument("--replica-group-size", type=int, default=1, help="ranks per replica group (with --fsdp)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--job-timeout", type=float, default=300)
     p.add_argument("--json", metavar="PATH")
@@ -110,24 +113,27 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
 def command(args: argparse.Namespace, path: str, checkpoint: str) -> list:
     polydist = [sys.executable, "-m", "polydist", "run", "--nproc-per-node", str(args.nproc)]
     polydist += ["--backend", args.backend] if args.backend != "gloo" else []
+    model = ["--fsdp"] if args.fsdp else []
     if path == "ft":
-        return polydist + ["--fault-tolerant", "--timeout", str(args.timeout), WRAPPER, "--epochs", str(args.epochs)]
-    return polydist + ["--max-restarts", "1", "--timeout", str(args.timeout), WRAPPER, "--ddp", "--epochs",
-                       str(args.epochs), "--checkpoint", checkpoint]  # fmt: skip
+        return polydist + ["--fault-tolerant", "--replica-group-size", str(args.replica_group_size), "--timeout",
+                           str(args.timeout), WRAPPER, "--epochs", str(args.epochs), *model]  # fmt: skip
+    return polydist + ["--max-restarts", "1", "--timeout", str(args.timeout), WRAPPER, *(model or ["--ddp"]),
+                       "--epochs", str(args.epochs), "--checkpoint", checkpoint]  # fmt: skip
 
 
-def worker_of(launcher: int, rank: int, path: str, backend: str) -> Optional[int]:
+def worker_of(launcher: int, rank: int, path: str, backend: str, group_size: int = 1) -> Optional[int]:
     """The first-start worker of job rank ``rank`` (a descendant of the launcher running polydist.launch.worker):
-    by REPLICA_GROUP_ID on the fault-tolerant path (its first start: TORCHELASTIC_RESTART_COUNT=0), by RANK on
-    the restart path; under MPI by OMPI_COMM_WORLD_RANK or PMI_RANK (a replacement has no such rank)."""
+    by REPLICA_GROUP_ID and RANK in it on the fault-tolerant path (its first start: TORCHELASTIC_RESTART_COUNT=0),
+    by RANK on the restart path; under MPI by OMPI_COMM_WORLD_RANK or PMI_RANK (a replacement has no such rank)."""
     if backend == "mpi":
         wanted, first = {f"OMPI_COMM_WORLD_RANK={rank}", f"PMI_RANK={rank}"}, None
     else:
-        wanted = {f"REPLICA_GROUP_ID={rank}" if path == "ft" else f"RANK={rank}"}
+        replica, rank_in = divmod(rank, group_size) if path == "ft" else (None, rank)
+        wanted = {f"RANK={rank_in}"} | ({f"REPLICA_GROUP_ID={replica}"} if replica is not None else set())
         first = "TORCHELASTIC_RESTART_COUNT=0"
     for pid, env in workers(launcher):
         restarted = any(e.startswith("POLYDIST_RESTART_COUNT=") and e != "POLYDIST_RESTART_COUNT=0" for e in env)
-        if env & wanted and (first is None or first in env) and not restarted:
+        if (env & wanted if backend == "mpi" else wanted <= env) and (first is None or first in env) and not restarted:
             return pid
     return None
 
@@ -152,7 +158,7 @@ def one_job(args: argparse.Namespace, path: str, kind: Optional[str], rank: int,
             error = "training never started"
         elif kind in SIGNALS:
             time.sleep(max(0.0, job.lines[start].t + moment * reference_s - job.now()))
-            pid = worker_of(job.proc.pid, rank, path, args.backend)
+            pid = worker_of(job.proc.pid, rank, path, args.backend, args.replica_group_size)
             if pid is None:
                 error = "no worker to signal (the job ended first?)"
             else:

@@ -279,8 +279,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     pdist.initialize(args.backend)
     ft = pdist.fault_tolerance()  # under polydist run --fault-tolerant: this replica group's part, else None
-    if ft is not None and (args.checkpoint or args.fsdp):
-        raise ValueError("under --fault-tolerant a replacement receives the live state: no --checkpoint, no --fsdp")
+    if ft is not None and args.checkpoint:
+        raise ValueError("under --fault-tolerant a replacement receives the live state: no --checkpoint")
     args.helpers = args.helpers or ft is not None
     world, main_rank = pdist.get_world_size(), pdist.is_main_process() and (ft is None or ft.replica_group == 0)
     ranks = world if ft is None else ft.world_size  # the global batch is split over every rank of the job
@@ -358,11 +358,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     accuracy = evaluate(net, x_test, y_test)
     identical, diff = parameters_identical(net)
-    if main_rank:
+    if pdist.is_main_process():  # under --fault-tolerant, each replica group's (replica group 0 may be replaced)
         print(f"wall time: {wall:.1f} s")
         print(f"final test accuracy: {accuracy:.4f}")
-        if ft is not None:  # one rank per replica group: polydist run compares the replica groups' states
-            print(f"step {ft.step} reached; polydist run compares the {ft.num_replica_groups} replica groups' states")
+        if ft is not None:  # polydist run compares the replica groups' states
+            print(f"replica group {ft.replica_group}: step {ft.step} reached; polydist run compares the "
+                  f"{ft.num_replica_groups} replica groups' states")
         elif identical:
             print(f"parameters identical on all {world} ranks")
         else:

@@ -89,7 +89,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="K",
-        help="with --fault-tolerant: ranks per replica group, the unit that is lost and replaced (default 1)",
+        help="with --fault-tolerant: ranks per replica group, the unit that is lost and replaced (default 1); "
+        "auto_model(use_fsdp=True) shards the model inside each (HSDP; gloo, nccl)",
     )
     run.add_argument(
         "--min-replicas",
