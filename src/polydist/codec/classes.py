@@ -47,11 +47,12 @@ def wire_name(cls: type) -> str:
 class Allowed:
     """One allowed class: its wire name, kind, constructor fields (required ones apart) and ready wire header."""
 
-    __slots__ = ("cls", "name", "header", "kind", "fields", "names", "required")
+    __slots__ = ("cls", "name", "header", "kind", "fields", "names", "required", "wire")
 
     def __init__(self, cls: type, kind: str) -> None:
         self.cls, self.kind, self.name = cls, kind, wire_name(cls)
         self.header = self.name.encode("utf-8")
+        self.wire: Any = None  # what the encoder puts on the wire for this class, made once (polydist.codec.core)
         if kind == "dataclass":
             init = [f for f in dataclasses.fields(cls) if f.init]
             self.fields = tuple(f.name for f in init)

@@ -113,7 +113,9 @@ class _Encoder:
         if entry is not None:
             if entry.kind == "enum":
                 return _ext(_ENUM, [entry.name, entry.key(obj)])
-            return {msgpack.ExtType(_RECORD, entry.header): entry.values(obj)}
+            if entry.wire is None:
+                entry.wire = msgpack.ExtType(_RECORD, entry.header)
+            return {entry.wire: entry.values(obj)}
         if isinstance(obj, pathlib.PurePath):
             return _path(obj)
         if isinstance(obj, torch.Tensor):  # a subclass (nn.Parameter) arrives as a plain tensor
@@ -138,9 +140,12 @@ class _Encoder:
         )
 
 
+_DEFAULTS = {flag: _Encoder(flag).default for flag in (False, True)}  # stateless: one each
+
+
 def _pack(obj: Any, allow_pickle: bool = False) -> bytes:
     try:
-        return msgpack.packb(obj, default=_Encoder(allow_pickle).default, use_bin_type=True, strict_types=True)
+        return msgpack.packb(obj, default=_DEFAULTS[bool(allow_pickle)], use_bin_type=True, strict_types=True)
     except ValueError as exc:
         if "recursion limit" in str(exc):
             raise ValueError(
@@ -249,6 +254,9 @@ class _Decoder:
         raise ValueError(f"payload holds an unknown extension type code {code}")
 
 
+_PLAIN = _Decoder(None, False)  # the common decoder: no device to move tensors to, no pickle (it holds no state)
+
+
 class _Refused(ValueError):
     """Pickle refused: passes through :func:`decode` with its own message."""
 
@@ -278,8 +286,9 @@ def decode(data: bytes, device: Optional[torch.device] = None, allow_pickle: Opt
     opt-in; never executes code but allowed classes' constructors, unless
     pickle is allowed. See :mod:`polydist.codec` for the memory and depth bounds.
     """
+    allow = pickle_allowed(allow_pickle)
     try:
-        return _Decoder(device, pickle_allowed(allow_pickle)).unpack(data)
+        return (_PLAIN if device is None and not allow else _Decoder(device, allow)).unpack(data)
     except (_Refused, NotAllowed):
         raise
     except (ValueError, TypeError, IndexError, KeyError, ArithmeticError, RecursionError) as exc:

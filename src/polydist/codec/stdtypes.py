@@ -88,9 +88,14 @@ def _parse(text: Any, what: str, pattern: re.Pattern, shape: str, make: Callable
 # ---------------------------------------------------------------- datetime
 
 
+_UTC = [0, 0, 0, None]
+
+
 def _tz_out(tz: Any) -> Any:
     if tz is None:
         return None
+    if tz is dt.timezone.utc:  # the common case, without building a timezone to compare names with
+        return _UTC
     if type(tz) is dt.timezone:
         offset = tz.utcoffset(None)
         own = tz.tzname(None)
@@ -113,6 +118,8 @@ def _tz_in(tz: Any) -> Any:
     if isinstance(tz, str):  # the tz database's file of that key, read as data
         return _parse(tz, "time zone", _ZONE_KEY, "a key like 'Europe/Paris'", zoneinfo.ZoneInfo,
                       (OSError, KeyError, ValueError), "is not in this rank's tz database")
+    if tz == _UTC:
+        return dt.timezone.utc
     if not isinstance(tz, list) or len(tz) != 4:
         raise ValueError(f"a timezone is a key or [days, seconds, microseconds, name], got {reprlib.repr(tz)}")
     offset = dt.timedelta(*_ints(tz[:3], "timezone"))
