@@ -102,10 +102,10 @@ def _rebuild(like: Any, values: list) -> Any:
         for k, v in zip(like, values):
             out[k] = v
         return out
-    if type(like) in (list, tuple):
-        return type(like)(values)
-    if isinstance(like, tuple):  # a named tuple
+    if isinstance(like, tuple) and hasattr(type(like), "_fields"):  # a named tuple
         return type(like)(*values)
+    if isinstance(like, (list, tuple)):  # torch.Size too
+        return type(like)(values)
     return dataclasses.replace(like, **{f.name: v for f, v in zip((f for f in dataclasses.fields(like) if f.init), values)})
 
 
@@ -177,13 +177,16 @@ def reduce_values(values: list, op: str, ranks: list, name: str = "all_reduce", 
         return total / len(values) if op == "AVG" else total
     if any(type(v) is not type(first) for v in values):
         raise _mismatch(values, ranks, path, "type", name)
-    keyed = [_children(v) for v in values]
-    keys = [k for k, _ in kids]
-    if any([k for k, _ in other] != keys for other in keyed):
-        raise _mismatch(values, ranks, path, "keys" if isinstance(first, dict) else "length", name)
-    out = [
-        reduce_values([other[i][1] for other in keyed], op, ranks, name, _at(path, key)) for i, key in enumerate(keys)
-    ]
+    if isinstance(first, dict):  # the same keys, in any order
+        if any(v.keys() != first.keys() for v in values):
+            raise _mismatch(values, ranks, path, "keys", name)
+        leaves = [[v[k] for v in values] for k in first]
+    else:  # a dataclass's fields are its type's; a list's or tuple's items by position
+        keyed = [_children(v) for v in values]
+        if any(len(other) != len(kids) for other in keyed):
+            raise _mismatch(values, ranks, path, "length", name)
+        leaves = [[other[i][1] for other in keyed] for i in range(len(kids))]
+    out = [reduce_values(column, op, ranks, name, _at(path, key)) for (key, _), column in zip(kids, leaves)]
     return _rebuild(first, out)
 
 
@@ -197,8 +200,11 @@ def _checked(x: Any, op: str) -> Payload:
 
 
 def _fold(rows: list[bytes], op: str, res: Resolved, what: str) -> Any:
-    values = [check_value(v, op) for v in decode_all(rows, res, what)]
-    return reduce_values(values, op, list(res.ranks), what)
+    values = decode_all(rows, res, what)
+    try:  # each sender checked its own value; this guards against one that did not
+        return reduce_values([check_value(v, op) for v in values], op, list(res.ranks), what)
+    except RecursionError:
+        raise ValueError(f"{what}: a rank sent a value nested too deep to reduce") from None
 
 
 def all_reduce_value(x: Any, op: str, res: Resolved) -> Any:

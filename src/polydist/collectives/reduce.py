@@ -175,6 +175,8 @@ def _value(x: Any, name: str) -> Any:
 
 def _reduce_alone(x: Any, name: str) -> Any:
     """What a reduction of a value over one rank gives: the value, checked (AVG: numbers as floats)."""
+    if is_structure(x):
+        codec.encode(x)  # refused as it would be with other ranks (a dataclass not allowed)
     return reduce_values([check_value(x, name)], name, [0])
 
 
