@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import torch
 
+import _codec_classes  # allows the classes the fuzz tests send, as the parent does
 from polydist import codec
 
 LIMIT_BYTES = 512 * 2**20  # on top of what the interpreter, torch and numpy already map
@@ -31,6 +32,8 @@ def _nbytes(x) -> int:
             stack.extend(x.values())
         elif isinstance(x, (list, tuple, set, frozenset)):
             stack.extend(x)
+        elif isinstance(x, _codec_classes.Record):
+            stack.extend((x.a, x.b))
     return total
 
 

@@ -6,18 +6,24 @@ Budget: the ``default`` profile runs in ``make test``; ``make fuzz`` runs the
 ``tests/conftest.py``, where Hypothesis's plugin finds them at start-up.
 """
 
+import collections
+import datetime as dt
 import os
 import pathlib
 import select
 import subprocess
 import sys
+import zoneinfo
 
+import msgpack
 import numpy as np
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from _codec_classes import Bits, Mode, Record, Row
+from _values import exact
 from polydist import codec
 
 
@@ -49,8 +55,24 @@ hashables = st.recursive(
     lambda inner: st.tuples(inner, inner) | st.frozensets(inner, max_size=3),
     max_leaves=6,
 )
+_ZONES = st.sampled_from([None, dt.timezone.utc, dt.timezone(dt.timedelta(hours=-9, seconds=1), "X"),
+                          zoneinfo.ZoneInfo("Europe/Paris")])
+standard = (
+    st.datetimes(timezones=_ZONES, allow_imaginary=False)
+    | st.dates()
+    | st.times(timezones=_ZONES)
+    | st.timedeltas()
+    | st.decimals(allow_nan=True)
+    | st.fractions()
+    | st.uuids()
+    | st.lists(st.integers(0, 2**40), max_size=4).map(torch.Size)
+    | st.sampled_from([torch.float32, torch.bfloat16, torch.device("cpu"), torch.device("cuda", 3), Mode.TRAIN,
+                       Mode.EVAL, Bits.A, Bits.A | Bits.B])
+    | st.builds(range, st.integers(), st.integers(), st.integers().filter(bool))
+)
 leaves = (
     hashables
+    | standard
     | st.complex_numbers(allow_nan=False)
     | st.builds(pathlib.PurePosixPath, st.text(alphabet="abc/", max_size=6)).map(lambda p: pathlib.Path(p))
     | tensors()
@@ -62,30 +84,19 @@ values = st.recursive(
     lambda inner: st.lists(inner, max_size=4)
     | st.tuples(inner, inner)
     | st.dictionaries(hashables, inner, max_size=3)
-    | st.sets(hashables, max_size=3),
+    | st.sets(hashables, max_size=3)
+    | st.dictionaries(hashables, inner, max_size=3).map(collections.OrderedDict)
+    | st.dictionaries(st.text(max_size=3), st.integers(), max_size=3).map(collections.Counter)
+    | st.dictionaries(hashables, inner, max_size=3).map(lambda d: collections.defaultdict(list, d))
+    | st.builds(Record, inner, inner)
+    | st.builds(Row, inner, inner),
     max_leaves=12,
 )
 
 
-def _same(a, b) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and a.device == b.device and torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, np.generic):
-        return a.dtype == b.dtype and a.tobytes() == b.tobytes()
-    return a == b
-
-
 @given(values)
 def test_every_encodable_value_round_trips_exactly(value):
-    assert _same(codec.decode(codec.encode(value)), value)
+    assert exact(codec.decode(codec.encode(value)), value)
 
 
 # ------------------------------------------------------------ mutations, decoded in a child
@@ -161,5 +172,59 @@ def test_every_mutation_decodes_or_raises_value_error(child, data):
 
 @given(st.binary(max_size=256))
 def test_random_bytes_decode_or_raise_value_error(child, data):
+    answer = child.decode(data)
+    assert answer.startswith("ok") or answer == "ValueError", answer
+
+
+# ------------------------------------------------------------ hostile extensions of the standard and allowed types
+
+_TAGS = list(range(11, 22)) + [30, 31, 32, 40, 41]  # polydist.codec.stdtypes' codes, the enum and the record
+
+
+def _field():
+    return (
+        st.none() | st.booleans() | st.integers() | st.integers(-(2**80), 2**80) | st.floats() | st.text(max_size=6)
+        | st.binary(max_size=17)
+        | st.sampled_from(["1E+999999999999999999", "9E-999999999999999999", "1E+99999999999999999999", "NaN",
+                           "-Infinity", "Europe/Paris", "../x", "cuda:1", "float32", "_codec_classes.Record",
+                           "_codec_classes.Mode", "TRAIN", "os.system", "builtins.eval"])
+        | st.lists(st.integers(-(2**64), 2**64), max_size=4)
+    )
+
+
+def _bigints(x):
+    return msgpack.ExtType(5, x.to_bytes((x.bit_length() + 8) // 8, "little", signed=True))
+
+
+@st.composite
+def hostile_extensions(draw):
+    """One extension of a new tag with fields of the wrong kind or count, a wrong tag, names not allowed, huge Decimal
+    exponents and timedelta days, inside records nested deep."""
+    code = draw(st.sampled_from(_TAGS))
+    fields = draw(st.lists(_field(), max_size=10))
+    if draw(st.booleans()):  # a valid value's own fields, under its tag or another one
+        valid = codec.encode(draw(standard))
+        obj = msgpack.unpackb(valid, ext_hook=lambda c, d: msgpack.ExtType(c, d), strict_map_key=False)
+        if isinstance(obj, msgpack.ExtType):
+            code = draw(st.sampled_from([obj.code, *_TAGS]))
+            fields = msgpack.unpackb(obj.data, ext_hook=lambda c, d: msgpack.ExtType(c, d))
+            if isinstance(fields, list) and fields and draw(st.booleans()):
+                fields = fields[: draw(st.integers(0, len(fields)))] + draw(st.lists(_field(), max_size=2))
+    if code in (14, 12, 21) and draw(st.booleans()):  # timedelta, date, range: huge numbers
+        fields = [draw(st.sampled_from([10**9, -(10**9), 2**63 - 1, _bigints(2**200)])), 0, 0]
+    if code in (30, 31, 32, 41):  # a marker: its header, and the map or list it holds
+        header = draw(st.sampled_from([b"", b"list", b"_codec_classes.Record", b"_codec_classes.Row", b"os.system",
+                                       b"_codec_classes.Mode", b"\xff"]))
+        items = draw(st.dictionaries(st.text(alphabet="abxy", max_size=2), _field(), max_size=3) | st.lists(_field()))
+        value = {msgpack.ExtType(code, header): items}
+    else:
+        value = msgpack.ExtType(code, msgpack.packb(fields, use_bin_type=True, default=_bigints))
+    # inside records nested deep, written as bytes: msgpack's packer stops at its depth limit, a hostile peer need not
+    record = b"\x81" + msgpack.packb(msgpack.ExtType(41, b"_codec_classes.Record")) + b"\x81\xa1a"
+    return record * draw(st.sampled_from([0, 1, 3, 600])) + msgpack.packb(value, use_bin_type=True, default=_bigints)
+
+
+@given(hostile_extensions())
+def test_hostile_extensions_decode_or_raise_value_error(child, data):
     answer = child.decode(data)
     assert answer.startswith("ok") or answer == "ValueError", answer

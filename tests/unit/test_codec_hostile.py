@@ -1,5 +1,6 @@
 """Hostile payloads: exact sizes, bounded nesting, ValueError for every corruption (issue: codec and frames fuzzed)."""
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -9,7 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+import _codec_classes  # noqa: F401 - allows the classes the hand-made payloads below name
 from polydist import codec
+
+R = "_codec_classes.Record"  # allowed by tests/unit/_codec_classes.py, imported by the fuzz tests too
 
 
 def _ext(code, fields):
@@ -177,3 +181,98 @@ def test_decoded_sizes_never_exceed_the_payload():
         out = codec.decode(data)
         items = out if isinstance(out, list) else [out]
         assert sum(x.nbytes for x in items) <= len(data)
+
+
+# ------------------------------------------------------------ classes: names and fields the receiver has not allowed
+
+
+def _record(name, fields):
+    return msgpack.packb({msgpack.ExtType(41, name.encode()): fields}, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (_record("os.system", {"command": "true"}), ["'os.system'", "has not allowed", "polydist.codec.allow(system)"]),
+        (_record("builtins.eval", {}), ["'builtins.eval'", "has not allowed"]),
+        (_ext(40, ["subprocess.Popen", "x"]), ["'subprocess.Popen'", "has not allowed"]),
+        (_record(R, {"a": 1.0, "__class__": 2}), ["field(s) ['__class__']", "does not have"]),
+        (_record(R, {"a": 1.0, "c": 5}), ["field(s) ['c']", "does not have"]),  # init=False: never set from the wire
+        (_record(R, {"b": 1.0}), ["required field(s) a"]),
+        (_record(R, [1.0]), ["map of its fields"]),
+        (_record("_codec_classes.Row", {"x": 1, "z": 2}), ["'z'"]),
+        (_ext(40, ["_codec_classes.Mode", "BLUE"]), ["'BLUE'"]),
+        (_ext(40, ["_codec_classes.Mode", 1]), ["not by name"]),
+        (_ext(40, [R, "a"]), ["a dataclass, as an enum member"]),
+    ],
+)
+def test_receiver_refuses_classes_and_fields_it_has_not_allowed(data, words):
+    _refused(data, *words)
+
+
+def test_constructor_errors_become_value_errors():
+    @dataclasses.dataclass
+    class Positive:
+        n: int
+
+        def __post_init__(self):
+            if self.n < 0:
+                raise AssertionError("negative")
+
+    name = f"{__name__}.{Positive.__qualname__}"
+    codec.allow(Positive)
+    try:
+        _refused(_record(name, {"n": -1}), "raised AssertionError: negative")
+        assert codec.decode(_record(name, {"n": 1})) == Positive(1)
+    finally:
+        codec.disallow(Positive)
+    _refused(_record(name, {"n": 1}), "has not allowed")  # once disallowed
+
+
+# ------------------------------------------------------------ the standard types' fields
+
+
+@pytest.mark.parametrize(
+    "code, fields, words",
+    [
+        (11, [2020, 13, 1, 0, 0, 0, 0, 0, None], ["month"]),
+        (11, [2020, 1, 1, 0, 0, 0, 0, 0, [1, 0, 0, None]], ["timedelta(hours=24)"]),  # a 24 h offset
+        (11, [2020, 1, 1, 0, 0, 0, 0, 0, "../../etc/passwd"], ["a key like"]),
+        (11, [2020, 1, 1, 0, 0, 0, 0, 0, "Nowhere/Atlantis"], ["tz database"]),
+        (11, [2020, 1, 1, 0, 0, 0, 0, 0], ["9 fields"]),
+        (12, ["2020", 1, 1], ["ints"]),
+        (14, [10**9, 0, 0], ["OverflowError"]),  # timedelta overflow
+        (14, [2**64 - 1, 0, 0], ["OverflowError"]),
+        (15, ["1E+99999999999999999999"], ["out of range"]),  # a Decimal exponent past libmpdec's
+        (15, [" 1"], ["str(Decimal)"]),
+        (15, ["1_000"], ["str(Decimal)"]),
+        (16, [1, 0], ["positive denominator"]),
+        (17, [b"\0" * 15], ["16 bytes"]),
+        (18, [[-1, 2**63]], ["int64"]),
+        (19, ["Tensor"], ["unknown torch dtype"]),
+        (20, ["nosuchdevice:0"], ["does not know"]),
+        (20, ["cuda:0; import os"], ["'type' or 'type:index'"]),
+        (21, [0, 10, 0], ["must not be zero"]),
+        (21, [0, 10], ["3 fields"]),
+    ],
+)
+def test_standard_type_fields_are_checked(code, fields, words):
+    _refused(_ext(code, fields), "malformed payload", *words)
+
+
+def test_huge_fraction_is_refused_before_its_gcd():
+    big = msgpack.ExtType(5, (2**70000).to_bytes(8751, "little", signed=True))
+    _refused(msgpack.packb(msgpack.ExtType(16, msgpack.packb([big, 3]))), "at most 65536 bits")
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (msgpack.packb({msgpack.ExtType(30, b"x"): {}}), ["must be empty"]),
+        (msgpack.packb({msgpack.ExtType(31, b""): [1]}), ["map of its items"]),
+        (msgpack.packb({msgpack.ExtType(32, b"os.system"): {}}), ["factory 'os.system'"]),
+    ],
+)
+def test_container_markers_are_checked(data, words):
+    _refused(data, *words)
+    assert codec.decode(msgpack.packb({msgpack.ExtType(32, b"list"): {1: 2}})) == {1: 2}  # a valid defaultdict

@@ -19,7 +19,7 @@ from ..context import device
 from ..groups import GroupLike, Resolved
 from . import frames, tensor_header
 from .debug import describe_tensor
-from .pipeline import Collective, contiguous, done, finish
+from .pipeline import Collective, check_layout, contiguous, done, finish
 
 __all__ = ["broadcast", "barrier"]
 
@@ -79,7 +79,8 @@ def broadcast(
 
     Raises:
         ValueError: ``src`` not in the group.
-        TypeError: a value the codec cannot encode — on every rank, since src
+        TypeError: a sparse tensor (naming its layout), on this rank before
+            any communication; a value the codec cannot encode — on every rank, since src
             announces the failure instead of the value.
         ValueError: a value the codec refuses otherwise (nested past its
             depth limit, text UTF-8 cannot encode such as a lone surrogate)
@@ -89,6 +90,7 @@ def broadcast(
     Source: ``torch.distributed.broadcast``; idist ``broadcast`` (safe_mode),
     without its float32 rounding of numbers and its ASCII-only strings.
     """
+    check_layout(tensor, "broadcast")
     return _BROADCAST.run(group, src, async_op, tensor, src, safe_mode, allow_pickle)
 
 

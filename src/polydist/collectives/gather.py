@@ -20,7 +20,7 @@ from .. import codec
 from . import frames
 from .exchange import Received, all_gather_pieces, gather_pieces, joined
 from .pieces import TENSOR, Header, Piece, raise_failures, tensor_of
-from .pipeline import Collective, done
+from .pipeline import Collective, check_layout, done
 from ..groups import GroupLike, Resolved
 from .debug import describe_tensor
 
@@ -166,7 +166,8 @@ def all_gather(
     Raises:
         ValueError: on every rank, when dtypes differ, or with ``concat=True``
             when trailing dims differ — naming each rank's shape or dtype.
-        TypeError: on every rank, when a rank's value cannot be encoded (the
+        TypeError: a sparse tensor (naming its layout), on this rank before
+            any communication; on every rank, when a rank's value cannot be encoded (the
             value itself is never sent).
         ValueError: on every rank, when a rank's value is refused otherwise
             (nested past the codec's depth limit, text UTF-8 cannot encode),
@@ -175,6 +176,7 @@ def all_gather(
     Source: ``torch.distributed.all_gather`` / ``all_gather_into_tensor``;
     idist ``all_gather`` (which aborts on uneven shapes; this does not).
     """
+    check_layout(tensor, "all_gather")
     return _ALL_GATHER.run(group, None, async_op, tensor, concat, allow_pickle)
 
 
@@ -303,13 +305,15 @@ def gather(
             before communication); dtypes or trailing dims that cannot be
             combined (on ``dst``, the only rank that sees every piece; the
             others return None as usual).
-        TypeError: ``dst`` not an int; a value that cannot be encoded (on
+        TypeError: a sparse tensor (naming its layout), on this rank before
+            any communication; ``dst`` not an int; a value that cannot be encoded (on
             every rank); a tensor of a dtype that cannot travel (on that
             rank and on ``dst``). A value refused for its depth or its text
             is a ``ValueError`` on every rank.
 
     Source: ``torch.distributed.gather`` (which needs equal shapes on gloo).
     """
+    check_layout(tensor, "gather")
     return _GATHER.run(group, dst, async_op, tensor, concat, allow_pickle, dst)
 
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ..settings import is_debug
 from . import frames, tensor_header
 from .debug import describe_tensor
-from .pipeline import Collective, contiguous
+from .pipeline import Collective, check_layout, contiguous
 from ..context import device
 from ..errors import CollectiveMismatchError
 from ..groups import GroupLike, Resolved
@@ -142,7 +142,8 @@ def send(tensor: Any, dst: int, group: GroupLike = None, tag: int = 0, *, allow_
     Raises:
         ValueError: ``dst`` not in the group, equal to this rank, or a bad
             ``tag``; a serial run (no peer).
-        TypeError: a value the codec cannot encode — the receiver is told and
+        TypeError: a sparse tensor (naming its layout), on this rank before
+            any communication; a value the codec cannot encode — the receiver is told and
             raises too, so it does not wait forever.
         ValueError: a value the codec refuses otherwise (depth, text UTF-8
             cannot encode): the receiver raises ``ValueError`` naming this
@@ -152,6 +153,7 @@ def send(tensor: Any, dst: int, group: GroupLike = None, tag: int = 0, *, allow_
 
     Source: ``torch.distributed.send``.
     """
+    check_layout(tensor, "send")
     _SEND.run(group, dst, False, tensor, dst, _check_tag(tag), allow_pickle)
 
 
@@ -177,7 +179,8 @@ def isend(tensor: Any, dst: int, group: GroupLike = None, tag: int = 0, *, allow
     Raises:
         ValueError: ``dst`` not in the group, equal to this rank, or a bad
             ``tag``; a serial run — at the call, before anything is sent.
-        TypeError: a value the codec cannot encode (``ValueError`` when
+        TypeError: a sparse tensor (naming its layout), on this rank before
+            any communication; a value the codec cannot encode (``ValueError`` when
             refused for its depth or text) — at the call; the receiver is
             told and raises too.
         CollectiveTimeoutError: from ``wait()``, when the receiver does not
@@ -185,6 +188,7 @@ def isend(tensor: Any, dst: int, group: GroupLike = None, tag: int = 0, *, allow
 
     Source: ``torch.distributed.isend``.
     """
+    check_layout(tensor, "isend")
     return _SEND.run(group, dst, True, tensor, dst, _check_tag(tag), allow_pickle)
 
 
@@ -294,7 +298,8 @@ def recv(
     Raises:
         ValueError: ``src`` not in the group, equal to this rank, a bad tag;
             a serial run.
-        TypeError: ``tensor`` neither a tensor nor None; the sender's value could
+        TypeError: a sparse tensor (naming its layout), on this rank before
+            any communication; ``tensor`` neither a tensor nor None; the sender's value could
             not be encoded (``ValueError`` when refused for its depth or text).
         CollectiveMismatchError: a value was expected and something else
             arrived; in debug mode also a tensor of another shape or dtype.
@@ -304,6 +309,7 @@ def recv(
     Source: ``torch.distributed.recv``.
     """
     _check_receiver(tensor)
+    check_layout(tensor, "recv")
     return _RECV.run(group, src, False, tensor, src, _check_tag(tag), allow_pickle)
 
 
@@ -349,7 +355,8 @@ def irecv(
     Raises:
         ValueError: ``src`` not in the group, equal to this rank, a bad tag;
             a serial run — at the call, before anything is received.
-        TypeError: ``tensor`` neither a tensor nor None — at the call; from
+        TypeError: a sparse tensor (naming its layout), on this rank before
+            any communication; ``tensor`` neither a tensor nor None — at the call; from
             ``wait()``, the sender's value could not be encoded
             (``ValueError`` when refused for its depth or text).
         CollectiveMismatchError: from ``wait()``, a value was expected and
@@ -361,6 +368,7 @@ def irecv(
     Source: ``torch.distributed.irecv``.
     """
     _check_receiver(tensor)
+    check_layout(tensor, "irecv")
     return _RECV.run(group, src, True, tensor, src, _check_tag(tag), allow_pickle)
 
 

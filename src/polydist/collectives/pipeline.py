@@ -45,13 +45,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .. import settings
+from .. import codec, settings
 from ..context import require_group
 from ..groups import GroupLike, resolve
 from . import debug, recorder, timeouts
 from .work import Work
 
-__all__ = ["Collective", "finish", "done", "check_tensor", "check_list", "contiguous"]
+__all__ = ["Collective", "finish", "done", "check_tensor", "check_layout", "check_list", "contiguous"]
 
 
 class Collective:
@@ -227,9 +227,13 @@ def check_tensor(x: Any, name: str) -> torch.Tensor:
     """``x`` when it is a dense tensor; ``TypeError`` naming what it is otherwise."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} takes a tensor, got {type(x).__name__}: {reprlib.repr(x)}")
-    if x.layout != torch.strided:
-        raise TypeError(f"{name} takes a dense (strided) tensor, got layout {x.layout}")
-    return x
+    return codec.check_dense(x, name)
+
+
+def check_layout(x: Any, name: str) -> None:
+    """``TypeError`` naming the layout when ``x`` is a sparse (non-strided) tensor, before any communication."""
+    if isinstance(x, torch.Tensor):
+        codec.check_dense(x, name)
 
 
 def check_list(xs: Any, size: int, name: str, what: str) -> list:

@@ -21,7 +21,7 @@ from ..context import world
 from ..groups import GroupLike, Resolved
 from ..ops import SUSPECT, OpLike, check_backend, check_op_dtype, op_for, resolve_op, to_reduce_op
 from .exchange import mover
-from .numbers import all_reduce_value, check_number, reduce_numbers, reduce_value
+from .numbers import all_reduce_value, check_number, check_value, is_structure, reduce_value, reduce_values
 from .pipeline import Collective, check_tensor, contiguous, done, finish
 from .debug import describe_tensor
 
@@ -88,8 +88,11 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
         tensor: a tensor (any shape, dtype and device the backend supports; same
             shape and dtype on every rank); a list or tuple of tensors,
             reduced together in one coalesced call per dtype (e.g. all the
-            gradients of a model); or a Python number (bool, int, float,
-            complex; NumPy scalars accepted).
+            gradients of a model); a Python number (bool, int, float,
+            complex; NumPy scalars accepted); or a structure of numbers and
+            tensors — a dict (``OrderedDict``, ``Counter``, ``defaultdict``
+            too), list, tuple, named tuple or dataclass, nested — reduced leaf
+            by leaf in one collective (a metrics dict, a dataclass of metrics).
         op: "SUM", "PRODUCT", "MIN", "MAX", "AVG", "AND", "OR", "XOR" (any
             case; also torch's "BAND", "BOR", "BXOR", and "PROD", "MEAN",
             "AVERAGE": ``polydist.ops.SPELLINGS``) or a ``torch.distributed.ReduceOp``.
@@ -103,8 +106,11 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
         back). AVG is SUM then division by the group size on backends without
         a native AVG. For a number: the reduced number, identical on every
         rank — ints exact at any size, floats as float64, AVG a float, bools
-        under AND/OR/XOR stay bools. Serial: the input (AVG of a number: as
-        float).
+        under AND/OR/XOR stay bools. For a structure: a new structure of the
+        same type and keys, each number reduced as above and each tensor a new
+        tensor on ``polydist.device()`` (AVG of an integer tensor: a floating
+        one), identical on every rank; nothing in place. Serial: the input
+        (AVG of a number: as float).
 
     Dtypes by backend (:class:`polydist.ops.Reductions`, one table per
     backend): gloo reduces float16, bfloat16, float32, float64, int8, uint8,
@@ -123,6 +129,7 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
             pdist.all_reduce(t)                                # every rank: tensor([4, 6]), in place
             pdist.all_reduce(pdist.get_rank() + 1)             # every rank: 3 (an exact int)
             pdist.all_reduce(pdist.get_rank() + 1, op="AVG")   # every rank: 1.5
+            pdist.all_reduce({"loss": 0.5 + pdist.get_rank(), "n": 4})   # every rank: {'loss': 2.0, 'n': 8}
 
     Raises:
         ValueError: unknown ``op``; bad ``group``.
@@ -130,7 +137,12 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
             tensors or floats, AVG on integer tensors, MIN/MAX/PRODUCT on
             complex), or a dtype/op the group's backend cannot reduce (naming
             both and the backend), before anything is sent; ``tensor``
-            neither tensor(s) nor number.
+            neither tensor(s), number nor structure of them; a sparse tensor
+            (naming its layout). In a structure, a leaf that is neither (naming
+            its key path): on every rank, the others naming the rank.
+        CollectiveMismatchError: ranks passed structures that differ (keys,
+            lengths, types, tensor dtypes or shapes): on every rank, naming
+            the ranks, what each passed and the key path.
         CollectiveTimeoutError: the group's other ranks did not all arrive
             within its timeout; names the ranks that did not. A
             ``RuntimeError``, raised in place of the backend's own timeout
@@ -141,7 +153,7 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
 
     Source: ``torch.distributed.all_reduce``; idist ``all_reduce`` for values.
     """
-    if type(tensor) is torch.Tensor:  # the common case, first
+    if type(tensor) is torch.Tensor and tensor.layout == torch.strided:  # the common case, first
         dtype = tensor.dtype
         name = op_for(op, dtype)
         spec = _ALL_REDUCE_CHECKED if (name, dtype) in SUSPECT else _ALL_REDUCE  # a backend may refuse it
@@ -149,19 +161,32 @@ def all_reduce(tensor: Any, op: OpLike = "SUM", group: GroupLike = None, *, asyn
     name = resolve_op(op)
     tensors = _tensors(tensor)
     if tensors is None:
-        return _ALL_REDUCE.run(group, None, async_op, check_number(tensor, name), name, None)
+        return _ALL_REDUCE.run(group, None, async_op, _value(tensor, name), name, None)
     for t in tensors:
+        codec.check_dense(t, "all_reduce")
         check_op_dtype(name, t.dtype)
     return _ALL_REDUCE_CHECKED.run(group, None, async_op, tensor, name, tensors)
 
 
+def _value(x: Any, name: str) -> Any:
+    """A number checked now (``TypeError`` before communication); a structure as it is, checked in-band."""
+    return x if is_structure(x) else check_number(x, name)
+
+
+def _reduce_alone(x: Any, name: str) -> Any:
+    """What a reduction of a value over one rank gives: the value, checked (AVG: numbers as floats)."""
+    if is_structure(x):
+        codec.encode(x)  # refused as it would be with other ranks (a dataclass not allowed)
+    return reduce_values([check_value(x, name)], name, [0])
+
+
 def _all_reduce_serial(tensor: Any, name: str, tensors: Any) -> Any:
-    return tensor if tensors is not None else reduce_numbers([tensor], name)
+    return tensor if tensors is not None else _reduce_alone(tensor, name)
 
 
 def _all_reduce_fingerprint(tensor: Any, name: str, tensors: Any) -> tuple:
     if tensors is None:
-        return (name, "number"), f"all_reduce(number, op={name})"
+        return (name, "number"), f"all_reduce({'number' if not is_structure(tensor) else type(tensor).__name__}, op={name})"
     return (name, _layout(tensors)), f"all_reduce({_shown(tensors)}, op={name})"
 
 
@@ -206,7 +231,8 @@ def reduce(tensor: Any, dst: int = 0, op: OpLike = "SUM", group: GroupLike = Non
     """Reduce ``tensor`` across the group onto global rank ``dst``.
 
     Args:
-        tensor: a tensor (same shape and dtype on every rank) or a Python number.
+        tensor: a tensor (same shape and dtype on every rank), a Python
+            number, or a structure of numbers and tensors (as for :func:`all_reduce`).
         dst: global rank that receives the result.
         op: as for :func:`all_reduce`.
         group: as for :func:`all_reduce`.
@@ -214,7 +240,7 @@ def reduce(tensor: Any, dst: int = 0, op: OpLike = "SUM", group: GroupLike = Non
 
     Returns:
         On ``dst``: ``tensor`` holding the result **in place** (a number: the
-        reduced number). Elsewhere: ``tensor``, **untouched** — unlike gloo's
+        reduced number; a structure: a new one, as :func:`all_reduce` gives). Elsewhere: ``tensor``, **untouched** — unlike gloo's
         native reduce, which leaves partial sums in non-root inputs; polydist
         hands gloo a copy there. Serial: ``tensor``.
 
@@ -230,20 +256,24 @@ def reduce(tensor: Any, dst: int = 0, op: OpLike = "SUM", group: GroupLike = Non
     Raises:
         ValueError: unknown ``op``; ``dst`` not in the group; bad ``group``.
         TypeError: ``op`` undefined on the dtype, or not reduced by the
-            backend (see :func:`all_reduce`); ``dst`` not an int.
+            backend (see :func:`all_reduce`); ``dst`` not an int; a sparse
+            tensor; a structure's bad leaf (as :func:`all_reduce`).
+        CollectiveMismatchError: structures that differ across ranks, on
+            ``dst`` (as :func:`all_reduce`).
         CollectiveTimeoutError, RuntimeError: as :func:`all_reduce`.
 
     Source: ``torch.distributed.reduce``.
     """
     name = resolve_op(op)
     if isinstance(tensor, torch.Tensor):
+        codec.check_dense(tensor, "reduce")
         check_op_dtype(name, tensor.dtype)
         return _REDUCE.run(group, dst, async_op, tensor, dst, name, True)
-    return _REDUCE.run(group, dst, async_op, check_number(tensor, name), dst, name, False)
+    return _REDUCE.run(group, dst, async_op, _value(tensor, name), dst, name, False)
 
 
 def _reduce_serial(tensor: Any, dst: int, name: str, is_tensor: bool) -> Any:
-    return tensor if is_tensor else reduce_numbers([tensor], name)
+    return tensor if is_tensor else _reduce_alone(tensor, name)
 
 
 def _reduce_fingerprint(tensor: Any, dst: int, name: str, is_tensor: bool) -> tuple:
