@@ -133,7 +133,7 @@ def test_spawn_ends_job_naming_failed_rank(tmp_path, monkeypatch, how):
         pd.spawn("gloo", fail_last_rank, args=(how, mark), nproc_per_node=3)
     elapsed = _ended_after(mark)
     dumps = {}
-    for name in os.listdir(tmp_path / "trace"):
+    for name in (n for n in os.listdir(tmp_path / "trace") if n.endswith(".json")):  # beside them: rank<R>.pid
         with open(tmp_path / "trace" / name) as f:
             dumps[name] = json.load(f)
     # the failed rank wrote its own (not when killed); the others were stopped, or lost their peer, and wrote theirs

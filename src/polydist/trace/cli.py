@@ -1,6 +1,6 @@
 """``polydist trace DIR``: which ranks of a stuck or failed job wait in which collective, and where the others are.
 
-    polydist trace /tmp/polydist-trace-1234 [--chrome timeline.json] [--fr-trace OUT_DIR] [--json]
+    polydist trace /tmp/polydist-trace-1234 [--signal] [--chrome timeline.json] [--fr-trace OUT_DIR] [--json]
 
 Reads the ``rank<R>.json`` dumps in DIR (written by the flight recorder on a
 timeout, a failure, ``SIGUSR1``/``SIGTERM`` or :func:`polydist.dump_trace`;
@@ -12,6 +12,8 @@ format in :mod:`polydist.trace`) and prints what :mod:`.analyze` finds, e.g.::
     no dump from rank 2 (it died before it could write one, or was killed by SIGKILL)
     all_reduce #41 on [0,1,2,3]: ranks 0,1,3 waited 5.0 s and timed out at train.py:88; no dump from rank 2
 
+``--signal`` first asks the job's live ranks for fresh dumps
+(:mod:`.signal_job`: SIGUSR1 to this job's ranks only; the job goes on).
 ``--json`` prints the same findings as one JSON object instead
 (:meth:`~polydist.trace.analyze.Diagnosis.as_dict`); ``--chrome OUT.json``
 also writes every rank's calls on one timeline (:mod:`.chrome`);
@@ -36,6 +38,7 @@ from typing import Any, Callable
 from .analyze import Dumps, diagnose, load
 from .chrome import write_chrome
 from .fr_export import write_fr_trace
+from .signal_job import signal_job
 
 __all__ = ["add_parser", "run"]
 
@@ -59,6 +62,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "python -m torch.distributed.flight_recorder.fr_trace OUT_DIR (torch's own records where the "
                         "dumps hold them: gloo, nccl; else polydist's)")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON object instead of text")
+    p.add_argument("--signal", action="store_true",
+                   help="first ask the job's live ranks for their dumps (SIGUSR1 to the pids they noted in DIR, "
+                        "checked to be this job's), then read them; the job goes on")
     return p
 
 
@@ -89,6 +95,9 @@ def run(ns: argparse.Namespace) -> int:
     what the exports wrote where, to stderr.
     """
     try:
+        if ns.signal:
+            for line in signal_job(ns.directory):
+                print(f"polydist trace: {line}", file=sys.stderr, flush=True)
         dumps = load(ns.directory)
     except OSError as exc:
         print(f"polydist trace: cannot read {ns.directory}: {exc.strerror or exc}", file=sys.stderr)

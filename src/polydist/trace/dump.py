@@ -288,6 +288,10 @@ def install_signal_handlers() -> None:
     for s in _mine:
         signal.signal(s, _on_signal)
     _start_watcher()
+    if signal.SIGUSR1 in _mine:  # polydist trace --signal DIR finds this rank, and only this job's ranks
+        from .signal_job import note_pid
+
+        note_pid(_who()["rank"])
     if _exit_notices_expected():  # any program under polydist's mpiexec, not only polydist run's worker entry
         atexit.register(ignore_exit_notices)
 
