@@ -23,14 +23,14 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .. import ops, settings
+from .. import _torch, ops, settings
 from .direct import DirectProcessGroup
 
 __all__ = [
     "Backend", "Lifecycle", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
     "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS",
     "adopt_any", "registrar", "Installable", "resolve", "resolved_name", "World", "world",
-    "requested_name",
+    "requested_name", "timeout_settable",
 ]
 
 # How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
@@ -296,11 +296,26 @@ def register_all() -> None:
 
 
 def tell_torch(entry: Backend) -> None:
-    """Set ``torch.distributed.Backend.backend_capability[entry.name]`` to :attr:`Backend.torch_devices`, where the
-    entry has them and torch knows the name (torch's stand-in ``mpi`` on stock wheels: ``['cpu']``, not the
-    ``['cpu', 'cuda']`` of torch's native ProcessGroupMPI, which torch's checkpoint code reads to pick a device)."""
-    if entry.torch_devices is not None and dist.is_available() and entry.name in dist.Backend.backend_capability:
-        dist.Backend.backend_capability[entry.name] = list(entry.torch_devices)
+    """Tell torch what a backend polydist implements can do (:attr:`Backend.torch_devices` not None), where torch
+    knows its name and assumes otherwise by that name.
+
+    ``Backend.backend_capability[entry.name]`` becomes its devices (the stand-in ``mpi`` on stock wheels:
+    ``['cpu']``, not the ``['cpu', 'cuda']`` of torch's native ProcessGroupMPI, which torch's checkpoint code reads
+    to pick a device). Where its members alone make groups (:attr:`Backend.no_subgroups` None), torch's refusal of
+    ``new_group(..., use_local_synchronization=True)`` by the name ``mpi`` is lifted
+    (:func:`polydist._torch.allow_local_synchronization`).
+    """
+    if entry.torch_devices is None or not dist.is_available() or entry.name not in dist.Backend.backend_capability:
+        return
+    dist.Backend.backend_capability[entry.name] = list(entry.torch_devices)
+    if entry.no_subgroups is None:
+        _torch.allow_local_synchronization(entry.name)
+
+
+def timeout_settable(name: str) -> bool:
+    """Whether the default group of backend ``name`` can have its timeout changed once made (its entry's
+    :attr:`Backend.timeout_settable`: gloo and nccl, where this PyTorch can)."""
+    return get(name).timeout_settable and _torch.can_set_timeout()
 
 
 def after_destroy_all() -> None:
