@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _torch, ops, settings
-from .direct import DirectProcessGroup
+from .dispatch import behind
 
 __all__ = [
     "Backend", "Lifecycle", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
@@ -217,14 +217,16 @@ class Backend:
         return self.lifecycle.sees_device(self.device)
 
     def moves_direct(self, group: Any) -> bool:
-        """Whether polydist's collectives call ``group``'s direct calls (:attr:`mover`), not torch.distributed's.
+        """Whether polydist's collectives call the direct calls of ``group``'s Python group (:attr:`mover`; the group
+        itself, or the one torch made it over: :func:`~polydist.backends.dispatch.behind`), not torch.distributed's.
 
         Asked once per group and world (:class:`polydist.groups.Resolved`). Raises ``TypeError`` where the
         entry declares :data:`DIRECT` for a group that has no direct calls.
         """
+        direct = behind(group) is not None
         if self.mover is None:
-            return isinstance(group, DirectProcessGroup)
-        if self.mover == DIRECT and not isinstance(group, DirectProcessGroup):
+            return direct
+        if self.mover == DIRECT and not direct:
             raise TypeError(f"backend {self.name!r} declares the direct mover, but its group is a "
                             f"{type(group).__name__}, not a DirectProcessGroup")
         return self.mover == DIRECT

@@ -63,6 +63,7 @@ from ..._compiled import load
 from ...errors import InvalidArgumentError
 from . import _mpi
 from ...collectives.recorder import RECORDER
+from .. import dispatch
 from ..python_group import PythonProcessGroup, opt
 from ..tensors import Contiguous, apart, own_slot
 from ..watchdog import WATCHDOG
@@ -119,6 +120,12 @@ class MPIProcessGroup(PythonProcessGroup, *(() if LEAN is None else (LEAN.LeanGr
 
     def __repr__(self) -> str:
         return f"<MPIProcessGroup {self._backend} rank={self._rank} size={self._size}>"
+
+    def for_torch(self) -> Any:
+        """What a creator gives torch: a Backend forwarding to this group, behind which torch makes the ProcessGroup
+        (:func:`~polydist.backends.dispatch.backend_for`, the compiled all_reduce plugged in), or this group itself."""
+        fast = None if LEAN is None or self.comm is None else (LEAN.ALLREDUCE, _handle(self.comm), self._size)
+        return dispatch.backend_for(self, self._backend, fast)
 
     def _cannot_cancel(self) -> str:
         return "A blocked MPI collective cannot be cancelled: MPI_Abort ends the job after this rank's dump"
