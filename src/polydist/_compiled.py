@@ -30,9 +30,9 @@ def load(package: str, name: str, source: str) -> Any:
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
         if digest != module.SOURCE:
-            STATUS[key] = (f"built from another version of {source}: its Python version runs until it is rebuilt (pip "
-                           "install --no-build-isolation -e .)")  # fmt: skip
-            print(f"polydist: {module.__file__}: {STATUS[key]}", file=sys.stderr)
+            STATUS[key] = f"built from another version of {source}: rebuild it (pip install --no-build-isolation -e .)"
+            print(f"polydist: {module.__file__} was built from another version of {path}; polydist runs its Python "
+                  "version until it is rebuilt (pip install --no-build-isolation -e .)", file=sys.stderr)  # fmt: skip
             return None
     STATUS[key] = ""
     return module
