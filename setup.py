@@ -6,9 +6,12 @@
   (src/polydist/backends/mpi4py/_lean.cpp), a torch extension: it is built where torch is importable at build time
   (``pip install --no-build-isolation``, as ``make setup`` does; pip's isolated build has no torch) and a C++
   compiler is found, and it loads only under the torch it was built for.
+* ``polydist.backends._dispatch`` is the c10d Backend behind which torch makes the Python groups' ProcessGroups
+  (src/polydist/backends/_dispatch.cpp), so torch-level calls take torch's dispatcher ops; built as ``_lean``.
 
 Where one cannot be built, the install goes on and polydist runs the same code in Python
-(``polydist.collectives.recorder.COMPILED``, ``polydist.backends.mpi4py.process_group.LEAN`` are None then). Each
+(``polydist.collectives.recorder.COMPILED``, ``polydist.backends.mpi4py.process_group.LEAN``,
+``polydist.backends.dispatch.DISPATCH`` are None then). Each
 module carries the SHA-256 of the source it was built from, so that polydist ignores a build older than its source.
 """
 
@@ -21,6 +24,7 @@ from setuptools.command.build_ext import build_ext
 
 RECORD = "src/polydist/collectives/_record.c"
 LEAN = "src/polydist/backends/mpi4py/_lean.cpp"
+DISPATCH = "src/polydist/backends/_dispatch.cpp"
 
 
 def digest(path: str) -> str:
@@ -40,7 +44,9 @@ if sys.version_info >= (3, 11) and platform.python_implementation() == "CPython"
         pass
     else:
         lean = CppExtension("polydist.backends.mpi4py._lean", [LEAN], define_macros=[("POLYDIST_LEAN_SOURCE", f'"{digest(LEAN)}"')])  # fmt: skip
-        lean.optional = True
-        extensions.append(lean)
+        dispatch = CppExtension("polydist.backends._dispatch", [DISPATCH],
+                                define_macros=[("POLYDIST_DISPATCH_SOURCE", f'"{digest(DISPATCH)}"')])  # fmt: skip
+        lean.optional = dispatch.optional = True
+        extensions += [lean, dispatch]
         command = BuildExtension.with_options(use_ninja=False)
 setup(ext_modules=extensions, cmdclass={"build_ext": command})

@@ -12,7 +12,9 @@ is the maximum over the ranks; a row reports the median over its blocks, per cal
   general path every operation but the lean all_reduce takes: checks, record, lane, work handle);
 * 8 B (a 2-element float32 tensor): raw ``mpi4py`` ``COMM_WORLD.Allreduce`` on NumPy arrays (the floor),
   ``polydist.all_reduce``, ``torch.distributed.all_reduce`` on the ``mpi`` group with the flight recorder
-  and the watchdog on (the default) and off (``POLYDIST_TRACE=0``'s switch and the watchdog's), and on with
+  and the watchdog on (the default) and off (``POLYDIST_TRACE=0``'s switch and the watchdog's), on a group of
+  the same ranks made with ``POLYDIST_DISPATCH=0`` (the Python group as the ProcessGroup, past torch's
+  dispatcher, as before issue 52), and on with
   the record made by the Python functions instead of the compiled ones (``polydist.collectives._record``,
   where it was built);
 * 16 MiB (float32): raw ``mpi4py`` and ``torch.distributed.all_reduce`` on and off;
@@ -90,6 +92,11 @@ def child(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
+    # the same ranks' group made as before issue 52 (POLYDIST_DISPATCH=0): the Python group is the ProcessGroup,
+    # past torch's dispatcher, as where polydist.backends._dispatch is not built
+    os.environ["POLYDIST_DISPATCH"] = "0"
+    beside = dist.new_group(list(range(comm.Get_size())))
+    del os.environ["POLYDIST_DISPATCH"]
     rank = comm.Get_rank()
     small, large = torch.ones(2), torch.ones(LARGE // 4)
     gathered, gathered_np = torch.empty(2 * comm.Get_size()), np.empty(2 * comm.Get_size(), dtype=np.float32)
@@ -128,6 +135,7 @@ def child(args: argparse.Namespace) -> None:
         "polydist/8": lambda: pd.all_reduce(small),
         "dist/on/8": lambda: dist.all_reduce(small),
         "dist/off/8": lambda: dist.all_reduce(small),
+        "dist/beside/8": lambda: dist.all_reduce(small, group=beside),
         **({"dist/group-py/8": lambda: dist.all_reduce(small)} if LEAN is not None else {}),
         **({"dist/py/8": lambda: dist.all_reduce(small)} if COMPILED is not None or LEAN is not None else {}),
         "mpi4py-ag/8": lambda: comm.Allgather(a, gathered_np),
@@ -200,6 +208,7 @@ def pieces(args: argparse.Namespace) -> dict:
                                                                           recorder.COMPILED.run_recorded)
     import numpy as np
 
+    from polydist.backends import dispatch
     from polydist.backends.mpi4py import _mpi
     from polydist.backends.mpi4py.process_group import LEAN, MPIProcessGroup
 
@@ -208,6 +217,11 @@ def pieces(args: argparse.Namespace) -> dict:
     alone = MPIProcessGroup(MPI.COMM_SELF, 0, 1, "mpi")  # the mpi group over one process: MPI without a peer
     alone.allreduce([t], dist.AllreduceOptions()).wait()  # the group learns the plan of (float32, SUM)
     a, b = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
+    behind = None  # the same group behind a torch-made ProcessGroup (the default where _dispatch is built)
+    if dispatch.dispatched():
+        behind = dist.ProcessGroup(FakeStore(), 0, 1)
+        behind._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, alone.for_torch())
+        behind._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)  # torch's C++ dispatch, no transport
     # the same call made after 2,000 lines of a function (a long training script's main()), which are not run
     body = "".join(f"        print({i})\n" for i in range(2000))
@@ -237,6 +251,10 @@ def pieces(args: argparse.Namespace) -> dict:
         **({"the same, the Python group's all_reduce": lambda: alone._allreduce_python([t], opts).wait()}
            if LEAN is not None else {}),
         "mpi group over COMM_SELF: torch.distributed.all_reduce, 8 B": lambda: dist.all_reduce(t, group=alone),
+        **({"mpi group over COMM_SELF behind torch's dispatcher: allreduce([t], opts).wait(), 8 B":
+            lambda: behind.allreduce([t], opts).wait(),
+            "the same: torch.distributed.all_reduce, 8 B": lambda: dist.all_reduce(t, group=behind)}
+           if behind is not None else {}),
     }
     got = _time_rows(fns, {k: args.iters for k in fns}, args.blocks, args.warmup, lambda: None)
     dist.destroy_process_group()
@@ -289,6 +307,8 @@ def main() -> None:
         "mpi4py-ag": "raw mpi4py COMM_WORLD.Allgather (floor)",
         "dist-ag/on": "torch.distributed.all_gather_single (the general path), recording + watchdog on",
         "dist/on": "torch.distributed.all_reduce, recording + watchdog on",
+        "dist/beside": "torch.distributed.all_reduce, recording + watchdog on, the Python group as the ProcessGroup "
+                       "(past torch's dispatcher: POLYDIST_DISPATCH=0, or _dispatch not built)",
         "dist/off": "torch.distributed.all_reduce, recording + watchdog off",
         "dist/group-py": "torch.distributed.all_reduce, recording + watchdog on, the Python group's all_reduce",
         "dist/py": "torch.distributed.all_reduce, recording + watchdog on, nothing compiled (Python group, Python record)",

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
+import inspect
 import os
 import socket
 from datetime import timedelta
@@ -28,6 +30,7 @@ __all__ = [
     "set_default_timeout",
     "group_timeout",
     "groups_named_by_ranks",
+    "allow_local_synchronization",
     "WorkBase",
     "StoreError",
     "launch_config",
@@ -71,12 +74,10 @@ def default_store() -> "dist.Store":
     return _c10d._get_default_store()
 
 
-def can_set_timeout(backend: str) -> bool:
-    """Whether the default group's timeout can be changed after creation (its registry entry says so:
-    gloo and nccl, PyTorch >= 2.3)."""
-    from .backends import registry  # _torch sits below the backends
-
-    return registry.get(backend).timeout_settable and hasattr(_c10d, "_set_pg_timeout")
+def can_set_timeout() -> bool:
+    """Whether this PyTorch can change a group's timeout after creation (``_set_pg_timeout``, PyTorch >= 2.3;
+    which backends allow it is their registry entry's word: :func:`polydist.backends.registry.timeout_settable`)."""
+    return hasattr(_c10d, "_set_pg_timeout")
 
 
 def set_default_timeout(timeout: timedelta) -> None:
@@ -198,6 +199,76 @@ def groups_named_by_ranks() -> Iterator[None]:
         yield
     finally:
         _c10d._hash_ranks_to_str = original
+
+
+# ---------------------------------------------------------------- what torch refuses by a backend's name
+
+# The backend names whose member-only groups polydist provides although torch refuses
+# use_local_synchronization=True for them by name (allow_local_synchronization).
+_LOCAL_SYNCHRONIZATION: set = set()
+
+
+def allow_local_synchronization(name: str) -> bool:
+    """Let ``new_group(ranks, use_local_synchronization=True)`` on backend ``name`` do what it does on any backend
+    whose members alone make a group, where torch refuses it by the name; return whether torch does (False:
+    nothing to lift).
+
+    torch (2.1 to 2.14, ``_new_group_with_tag``) raises "MPI backend doesn't
+    support use_local_synchronization=True" for any backend named ``"mpi"``,
+    and its barrier after a new group (``TORCH_DIST_INIT_BARRIER=1``) is then
+    the world's, because its native ProcessGroupMPI makes every group with the
+    whole world. The stand-in's groups are made by their members alone, so for
+    ``name`` the call takes torch's path for other backends: a non-member gets
+    None at once; members make the group under the name torch hashes from its
+    ranks, and the barrier (when asked for) is the new group's.
+    """
+    if name != dist.Backend.MPI or not hasattr(_c10d, "_new_group_with_tag"):
+        return False
+    _LOCAL_SYNCHRONIZATION.add(name)
+    if not getattr(_c10d._new_group_with_tag, "_polydist", False):
+        _c10d._new_group_with_tag = _with_local_synchronization(_c10d._new_group_with_tag)
+    return True
+
+
+def _with_local_synchronization(original: Any) -> Any:
+    """``_new_group_with_tag`` that lets through :data:`_LOCAL_SYNCHRONIZATION`'s backends (see
+    :func:`allow_local_synchronization`); any other call is ``original``'s."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def _new_group_with_tag(*args: Any, **kwargs: Any) -> Any:
+        call = signature.bind(*args, **kwargs)
+        given = call.arguments
+        if not given.get("use_local_synchronization") or _backend_asked(given.get("backend")) not in _LOCAL_SYNCHRONIZATION:
+            return original(*args, **kwargs)
+        ranks = given.get("ranks")
+        if ranks is not None and dist.get_rank() not in ranks:
+            return None  # torch's rule for a local synchronization: a non-member makes nothing
+        # Past the refusal by name, then what use_local_synchronization changes on other backends: the name hashed
+        # from the ranks (the members' count of groups may differ) and the barrier among the members only.
+        given["use_local_synchronization"] = False
+        barrier = _c10d._is_barrier_after_init() == 1
+        name, after_init = _c10d._process_group_name, _c10d._is_barrier_after_init
+        _c10d._process_group_name = lambda ranks, use_hashed_name: name(ranks, True)  # group creation is collective:
+        _c10d._is_barrier_after_init = lambda: 0  # no other thread makes a group meanwhile
+        try:
+            pg = original(*call.args, **call.kwargs)
+        finally:
+            _c10d._process_group_name, _c10d._is_barrier_after_init = name, after_init
+        if barrier:
+            dist.barrier(group=pg)
+        return pg
+
+    _new_group_with_tag._polydist = True  # type: ignore[attr-defined]
+    return _new_group_with_tag
+
+
+def _backend_asked(backend: Any) -> Optional[str]:
+    """The backend a new group gets: ``backend``, else the default group's (torch's rule); None without one."""
+    if backend:
+        return str(dist.Backend(backend))
+    pg = default_pg()
+    return None if pg is None else _c10d._world.pg_map.get(pg, (None,))[0]
 
 
 def loopback_store_server(world_size: Optional[int], timeout: timedelta, port: int = 0) -> "dist.TCPStore":

@@ -71,7 +71,18 @@ def _info() -> int:
     from .context import show_config
 
     show_config()
+    _compiled_parts()
     return 0
+
+
+def _compiled_parts() -> None:
+    """Which of polydist's compiled parts are in use, and why not where one is not (its Python version runs)."""
+    from ._compiled import STATUS
+
+    width = max(map(len, STATUS), default=0)
+    print("compiled parts:")
+    for name, why in sorted(STATUS.items()):
+        print(f"  {name:<{width}} : {why or 'in use'}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

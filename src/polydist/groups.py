@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from . import _torch
 from ._state import World
-from .backends import registry
+from .backends import dispatch, registry
 from .context import require_group, world
 from .errors import InvalidGroupError
 
@@ -73,7 +73,7 @@ class Resolved:
         self.backend = str(dist.get_backend(group))
         self.entry = registry.get(self.backend)
         self.device: torch.device = self.entry.comm_device()
-        self.direct = group if self.entry.moves_direct(group) else None
+        self.direct = dispatch.behind(group) if self.entry.moves_direct(group) else None
         self.mover: Any = None  # how its pieces move: chosen on first use (polydist.collectives.exchange.mover)
         self.seq = 0
         self.predictors: dict = {}

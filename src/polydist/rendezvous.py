@@ -66,7 +66,7 @@ def group_kwargs(
     name = registry.resolve(backend)
     group_kwargs: dict = dict(backend=name, **kwargs)
     if td is not None:
-        settable = _torch.can_set_timeout(name)
+        settable = registry.timeout_settable(name)
         group_kwargs["timeout"] = max(td, JOIN_TIMEOUT_FLOOR) if settable else td
         group_kwargs["_collective_timeout"] = td
     entry = registry.get(name)

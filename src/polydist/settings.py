@@ -121,6 +121,7 @@ LAUNCHER = Variable("POLYDIST_LAUNCHER", _text, None, "set by polydist run: the 
 LAUNCHER_PID = Variable("POLYDIST_LAUNCHER_PID", int, None, "set by polydist run: the process workers die with")
 PREFIX_OUTPUT = Variable("POLYDIST_PREFIX_OUTPUT", _flag, False, "set by polydist run --backend mpi: [rankN] prefixes")
 TORCH_MPI = Variable("POLYDIST_TORCH_MPI", _flag, True, "on wheels without MPI, torch's 'mpi' backend is polydist's mpi4py group")
+DISPATCH = Variable("POLYDIST_DISPATCH", _flag, True, "torch makes the MPI groups' ProcessGroups, so torch-level calls take its dispatcher ops (where built)")
 FAILURE_DIR = Variable("POLYDIST_FAILURE_DIR", _text, None, "set by polydist run --backend mpi: where ranks report")
 TRACE = Variable("POLYDIST_TRACE", _flag, True, "the flight recorder: every rank keeps its last collectives")
 TRACE_BUFFER = Variable("POLYDIST_TRACE_BUFFER", _count, 2000, "how many calls the flight recorder keeps per rank")

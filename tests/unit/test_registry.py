@@ -213,3 +213,11 @@ def test_torch_mpi_stand_in_is_cpu_only():
         return
     assert mpi.torch_devices == ("cpu",)
     assert dist.Backend.backend_capability["mpi"] == ["cpu"]  # torch's checkpoint code picks CUDA from ['cpu', 'cuda']
+
+
+def test_torch_refuses_local_synchronization_by_name_only_where_polydist_lifts_it():
+    from polydist import _torch
+
+    lifted = getattr(dist.distributed_c10d._new_group_with_tag, "_polydist", False)
+    assert lifted == (registry.get("mpi").torch_devices is not None)  # the stand-in; a native ProcessGroupMPI keeps it
+    assert not _torch.allow_local_synchronization("gloo")  # torch refuses nothing by gloo's name

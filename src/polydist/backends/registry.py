@@ -23,14 +23,15 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from .. import ops, settings
-from .direct import DirectProcessGroup
+from .. import _torch, ops, settings
+from .dispatch import behind
+from .lifecycle import DEFAULT_LIFECYCLE, Lifecycle
 
 __all__ = [
     "Backend", "Lifecycle", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
     "register_all", "model_names", "after_destroy_all", "listed_names", "fr_library", "discover", "DIRECT", "SLOTS",
     "adopt_any", "registrar", "Installable", "resolve", "resolved_name", "World", "world",
-    "requested_name",
+    "requested_name", "timeout_settable",
 ]
 
 # How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
@@ -38,123 +39,6 @@ DIRECT = "direct"  # the group's own blocking calls, past torch's dispatch (a Di
 SLOTS = "slots"  # torch.distributed calls, the predicted-slot protocol (collectives/slots.py)
 
 
-class Lifecycle:
-    """What a backend does at start, join, launch, adoption and finalize, and for training and data loading.
-
-    Every method's default is what torch.distributed does for any backend (nothing special). A backend's
-    folder subclasses it where its backend does more, and its entry holds an instance
-    (:attr:`Backend.lifecycle`); the core calls these methods and never compares a backend's name.
-
-    Attributes (class level, read by the core):
-        init_url: the init method by which its ranks meet (``"mpi://"``), when not torch's (env://, tcp://).
-        ranks_from_backend: ``init_process_group`` takes rank and world size from the backend itself.
-        offers_host_address: its ranks offer the others the address their host name resolves to (gloo).
-        needs_launcher: the launcher program that alone starts its ranks (MPI: ``"mpiexec"``): ``polydist.spawn``
-            refuses more than one process (:meth:`spawn_refusal`), ``polydist run`` and ``polydist bench`` start
-            the ranks with it.
-        starts_processes: its own launcher starts :func:`polydist.spawn`'s processes (:meth:`start_processes`).
-        training_at_every_size: its :meth:`training` optimizer wrapper applies at world size 1 too (XLA:
-            the step goes through ``xm.optimizer_step``, as idist wraps it at every size).
-        pin_memory_refused: the warning ``auto_dataloader(pin_memory=True)`` gives before loading unpinned
-            (XLA: idist's words); None: pinning follows the device.
-        fault_tolerance: the engine behind ``polydist run --fault-tolerant`` on it (``"torchft"``: gloo,
-            nccl; :mod:`polydist.backends.torchft`); None: the flag is refused there.
-    """
-
-    init_url: Optional[str] = None
-    ranks_from_backend: bool = False
-    offers_host_address: bool = False
-    needs_launcher: Optional[str] = None
-    starts_processes: bool = False
-    training_at_every_size: bool = False
-    pin_memory_refused: Optional[str] = None
-    fault_tolerance: Optional[str] = None
-
-    def available(self) -> bool:
-        """Whether it is usable in this process (listed by ``polydist.available_backends()``)."""
-        return True
-
-    def register(self) -> bool:
-        """Register it with torch.distributed (backend name, init method) where it can run; False where it
-        cannot (not installed). Called when polydist is imported (:func:`register_all`)."""
-        return True
-
-    def sees_device(self, device: str) -> bool:
-        """Whether this process sees a device of type ``device`` (the entry's :attr:`Backend.device`): cpu always,
-        cuda when ``torch.cuda.is_available()``; a backend whose device torch cannot query says (torch_xla)."""
-        return device == "cpu" or (device == "cuda" and torch.cuda.is_available())
-
-    def resolve(self, name: str) -> str:
-        """The backend actually created for the name asked for (torch's ``mpi`` on stock wheels: ``mpi4py``);
-        raises ``ValueError`` where it cannot be (not installed)."""
-        return name.lower()
-
-    def hosts_rendezvous(self, info: Any) -> bool:
-        """Whether every backend's ranks meet by this one's :attr:`init_url` in the job ``info`` describes (an
-        MPI job without ``MASTER_ADDR``: over ``mpi://``)."""
-        return False
-
-    def check_join(self, info: Any, name: str) -> None:
-        """Raise ``ValueError`` before the group is made in a world it cannot join (``name``: as asked for)."""
-
-    def after_join(self) -> None:
-        """Once a default group exists that met by its :attr:`init_url` or took its ranks from it (MPI: abort the
-        job on an uncaught exception, rather than leave the others waiting for the group's timeout). Must be
-        idempotent."""
-
-    def launch_advice(self, info: Any, who: str) -> Optional[str]:
-        """What to do when its group is not the world a launcher (``who``, in words) announced; None: nothing
-        special to say."""
-        return None
-
-    def spawn_refusal(self, name: str) -> str:
-        """Where :attr:`needs_launcher`: why :func:`polydist.spawn` (backend ``name``) refuses to start several
-        processes, and what to do instead."""
-        return (f"spawn with backend {name!r}: only {self.needs_launcher} starts its ranks, and spawn's processes "
-                f"would each be a world of one; run the script under {self.needs_launcher} (or polydist run "
-                f"--backend {name}) and call polydist.initialize({name!r}) there, or spawn with gloo")
-
-    def start_processes(self, work: Callable[[], Any], nproc_per_node: int, nnodes: int) -> list:
-        """Where :attr:`starts_processes`: how :func:`polydist.spawn` starts its processes with the backend's own
-        launcher (torch_xla's ``xmp.spawn``, ``horovod.run``): runs the picklable ``work()`` in each and returns
-        this node's results by local rank. Others: PyTorch's elastic agent starts them, not this."""
-        raise NotImplementedError(f"{type(self).__name__} starts no processes of its own")
-
-    def adopt(self) -> bool:
-        """When no process group exists: make the default group over a runtime the program started itself
-        (``hvd.init()``; an XLA device in use), without communicating, and return True; False when there is none
-        (:func:`adopt_any`)."""
-        return False
-
-    def after_destroy(self) -> None:
-        """After ``polydist.finalize`` destroyed the default group polydist made (Horovod: shut down the Horovod
-        ``initialize`` started)."""
-
-    def add_group(self, ranks: list, every_rank: bool) -> None:
-        """Called on every rank, members and not, before a group of fewer ranks is made, where the backend's
-        groups need the whole job (Horovod's process sets). ``every_rank=True`` from ``new_group``, which every
-        rank calls each time; False for a rank list given to a collective."""
-
-    def compute_device(self) -> Optional[torch.device]:
-        """The device :func:`polydist.device` gives on it, where that is not the entry's
-        :meth:`~Backend.comm_device` (XLA: ``torch_xla.device()``, its byte buffers staying on the CPU)."""
-        return None
-
-    def training(self) -> Any:
-        """Where it has its own model/optimizer wrappers (Horovod), the module offering ``broadcast_parameters``
-        and ``DistributedOptimizer``; None: torch's DDP."""
-        return None
-
-    def wrap_loader(self, loader: Any, world_size: int) -> Any:
-        """The loader ``auto_dataloader`` returns in place of ``loader`` (XLA: ``MpDeviceLoader`` at world size > 1)."""
-        return loader
-
-    def versions(self) -> dict:
-        """What carries its traffic and their versions (``{"nccl": "2.21.5"}``), for benchmark reports."""
-        return {}
-
-
-DEFAULT_LIFECYCLE = Lifecycle()
 
 
 @dataclass(frozen=True, eq=False)  # an entry is itself: compared and hashed by identity
@@ -217,14 +101,16 @@ class Backend:
         return self.lifecycle.sees_device(self.device)
 
     def moves_direct(self, group: Any) -> bool:
-        """Whether polydist's collectives call ``group``'s direct calls (:attr:`mover`), not torch.distributed's.
+        """Whether polydist's collectives call the direct calls of ``group``'s Python group (:attr:`mover`; the group
+        itself, or the one torch made it over: :func:`~polydist.backends.dispatch.behind`), not torch.distributed's.
 
         Asked once per group and world (:class:`polydist.groups.Resolved`). Raises ``TypeError`` where the
         entry declares :data:`DIRECT` for a group that has no direct calls.
         """
+        direct = behind(group) is not None
         if self.mover is None:
-            return isinstance(group, DirectProcessGroup)
-        if self.mover == DIRECT and not isinstance(group, DirectProcessGroup):
+            return direct
+        if self.mover == DIRECT and not direct:
             raise TypeError(f"backend {self.name!r} declares the direct mover, but its group is a "
                             f"{type(group).__name__}, not a DirectProcessGroup")
         return self.mover == DIRECT
@@ -296,11 +182,26 @@ def register_all() -> None:
 
 
 def tell_torch(entry: Backend) -> None:
-    """Set ``torch.distributed.Backend.backend_capability[entry.name]`` to :attr:`Backend.torch_devices`, where the
-    entry has them and torch knows the name (torch's stand-in ``mpi`` on stock wheels: ``['cpu']``, not the
-    ``['cpu', 'cuda']`` of torch's native ProcessGroupMPI, which torch's checkpoint code reads to pick a device)."""
-    if entry.torch_devices is not None and dist.is_available() and entry.name in dist.Backend.backend_capability:
-        dist.Backend.backend_capability[entry.name] = list(entry.torch_devices)
+    """Tell torch what a backend polydist implements can do (:attr:`Backend.torch_devices` not None), where torch
+    knows its name and assumes otherwise by that name.
+
+    ``Backend.backend_capability[entry.name]`` becomes its devices (the stand-in ``mpi`` on stock wheels:
+    ``['cpu']``, not the ``['cpu', 'cuda']`` of torch's native ProcessGroupMPI, which torch's checkpoint code reads
+    to pick a device). Where its members alone make groups (:attr:`Backend.no_subgroups` None), torch's refusal of
+    ``new_group(..., use_local_synchronization=True)`` by the name ``mpi`` is lifted
+    (:func:`polydist._torch.allow_local_synchronization`).
+    """
+    if entry.torch_devices is None or not dist.is_available() or entry.name not in dist.Backend.backend_capability:
+        return
+    dist.Backend.backend_capability[entry.name] = list(entry.torch_devices)
+    if entry.no_subgroups is None:
+        _torch.allow_local_synchronization(entry.name)
+
+
+def timeout_settable(name: str) -> bool:
+    """Whether the default group of backend ``name`` can have its timeout changed once made (its entry's
+    :attr:`Backend.timeout_settable`: gloo and nccl, where this PyTorch can)."""
+    return get(name).timeout_settable and _torch.can_set_timeout()
 
 
 def after_destroy_all() -> None:

@@ -71,4 +71,4 @@ def apply() -> bool:
 def _settable(backend: Any) -> bool:
     """Whether the default group's timeout can be changed once made (its registry entry says so: gloo and
     nccl, also when none is named and torch picks them); not for a combined ``"cpu:...,cuda:..."`` string."""
-    return _torch.can_set_timeout(registry.default_name() if backend is None else str(backend).lower())
+    return registry.timeout_settable(registry.default_name() if backend is None else str(backend).lower())

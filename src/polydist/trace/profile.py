@@ -21,6 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import _torch, context, settings
+from ..backends import dispatch
 from ..collectives.broadcast import barrier, broadcast
 from ..collectives.gather import all_gather, gather
 from ..collectives.recorder import FAILED, RECORDER, as_dict
@@ -215,9 +216,10 @@ def comms_profile(group: GroupLike = None, *, show: bool = True) -> CommsProfile
 
 
 def _count(res: Any) -> int:
-    """The number the group's next recorded call follows: a Python group numbers its records with its own
-    count of operations, whoever called them (polydist.backends.python_group); other groups with polydist's."""
-    group = res.pg if res.pg is not None else _torch.default_pg()
+    """The number the group's next recorded call follows: a Python group (also behind a torch-made ProcessGroup)
+    numbers its records with its own count of operations, whoever called them (polydist.backends.python_group);
+    other groups with polydist's."""
+    group = dispatch.behind(res.pg if res.pg is not None else _torch.default_pg())
     return getattr(group, "_seq", res.seq)
 
 

@@ -69,11 +69,12 @@ def _value(r: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _both_paths():
+    from polydist.backends.dispatch import behind
     from polydist.backends.mpi4py.process_group import LEAN, MPIProcessGroup
     from polydist.collectives.recorder import RECORDER, as_dict
 
     r, group = dist.get_rank(), dist.group.WORLD
-    out = {"is_mpi_group": isinstance(group, MPIProcessGroup)}
+    out = {"is_mpi_group": isinstance(behind(group), MPIProcessGroup)}  # the group, or torch's over its Backend
     for dtype, op in _CASES:
         for compiled in (False, True):  # the Python group first: it learns the plan both paths use
             LEAN.use(compiled)

@@ -331,7 +331,7 @@ def _group_names():
     dist.destroy_process_group(sub)  # torch unregisters groups by name
     t = torch.ones(1)
     dist.all_reduce(t)  # the world is untouched
-    return names, t.item(), dist.group.WORLD.getBackendName()
+    return names, t.item(), dist.get_backend(dist.group.WORLD)
 
 
 def test_groups_have_names_and_subgroups_can_be_destroyed(mpi_world3):
@@ -352,7 +352,7 @@ def test_torch_mpi_name_on_a_stock_wheel(cli_env):
         dist.all_gather(g, model.module.weight.grad.reshape(-1))
         sub = dist.new_group([1])
         sys.stdout.write(f"rank {dist.get_rank()}/{dist.get_world_size()} {dist.get_backend()} "
-                         f"{dist.group.WORLD.getBackendName()} same {all(torch.equal(g[0], x) for x in g)} "
+                         f"{dist.group.WORLD.name()} same {all(torch.equal(g[0], x) for x in g)} "
                          f"member {sub != dist.GroupMember.NON_GROUP_MEMBER} {polydist.all_reduce(1)}\\n")
         dist.destroy_process_group()
     """

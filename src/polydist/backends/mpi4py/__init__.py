@@ -47,8 +47,8 @@ def _communicator(ranks: list) -> Any:
     return world.Create_group(world.Get_group().Incl(ranks), tag)
 
 
-def _create(opts: Any, backend_options: Any = None) -> MPIProcessGroup:
-    """torch.distributed's creator hook: one communicator per process group."""
+def _create(opts: Any, backend_options: Any = None) -> Any:
+    """torch.distributed's creator hook: one communicator per process group (:meth:`MPIProcessGroup.for_torch`)."""
     comm = _communicator(list(opts.global_ranks_in_group or []))
     if comm.Get_rank() != opts.group_rank or comm.Get_size() != opts.group_size:
         raise RuntimeError(
@@ -58,7 +58,7 @@ def _create(opts: Any, backend_options: Any = None) -> MPIProcessGroup:
         )
     if opts.group_size == _mpi.mpi().COMM_WORLD.Get_size():  # the world's group
         _end_job_on_uncaught()
-    return MPIProcessGroup(comm, opts.group_rank, opts.group_size)._configured(opts)  # backend name "mpi4py"
+    return MPIProcessGroup(comm, opts.group_rank, opts.group_size)._configured(opts).for_torch()  # named "mpi4py"
 
 
 def _end_job_on_uncaught() -> None:
@@ -81,7 +81,7 @@ class _TorchMPI:
     """
 
     @staticmethod
-    def create(ranks: Any = None) -> Optional[MPIProcessGroup]:
+    def create(ranks: Any = None) -> Any:
         ranks = list(ranks or [])
         info = registry.world.announced()
         if not ranks:
@@ -99,7 +99,7 @@ class _TorchMPI:
         group._configure(ranks, timeout)
         if not ranks:
             _end_job_on_uncaught()
-        return group
+        return group.for_torch()
 
 
 def _check_mpi_can_join(info: Any, backend: str) -> None:

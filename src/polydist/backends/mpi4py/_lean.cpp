@@ -12,7 +12,11 @@
 // MPI runs. Anything else is the Python group's own allreduce (_allreduce_python), unchanged.
 // tests/backends/mpi4py/test_lean.py holds both to the same results and records, and checks the error path.
 #include <torch/csrc/autograd/python_variable.h>
+#if __has_include(<torch/csrc/distributed/c10d/PyProcessGroup.hpp>)
 #include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
+#else  // torch 2.14 moved the Python bindings' headers into c10d/py/ (issue 52: not yet built against it here)
+#include <torch/csrc/distributed/c10d/py/PyProcessGroup.hpp>
+#endif
 #include <torch/csrc/Dtype.h>
 #include <torch/version.h>
 
@@ -96,6 +100,82 @@ int truthy(PyObject* obj, PyObject* name) {  // obj.name's truth, -1 on error
   return yes;
 }
 
+// The fast path, GIL held, for the Python group ``self`` over communicator ``comm`` of ``size`` ranks: a new
+// reference to the group's completed handle; nullptr without an error set where the call is not the common one
+// (the caller takes the Python group's allreduce); nullptr with one on error. ``x``: the tensor as a Python
+// object; ``list``: the caller's list of it, or nullptr; Py_None: return Py_None, no handle made.
+PyObject* lean(uintptr_t comm, int size, PyObject* self, PyObject* x, PyObject* list, const at::Tensor& t,
+               const c10d::AllreduceOptions& opts) {
+  if (!enabled || opts.asyncOp || comm == 0 || !t.defined() || t.layout() != c10::kStrided || !t.device().is_cpu() ||
+      !t.is_contiguous() || t.numel() > INT32_MAX)  // MPI's count is an int: mpi4py's large-count calls take more
+    return nullptr;
+  int type = static_cast<int>(t.scalar_type()), kind = static_cast<int>(opts.reduceOp.op_);
+  if (type >= kTypes || kind >= kOps || plans[type][kind].name == nullptr)
+    return nullptr;
+  const Plan& plan = plans[type][kind];
+  py::object lane = py::reinterpret_steal<py::object>(PyObject_GetAttr(self, s_lane));
+  if (!lane)
+    return nullptr;
+  int busy = truthy(lane.ptr(), s_pending);  // operations queued on the lane go first: take the lane
+  if (busy != 0)
+    return nullptr;
+  PyObject* on = PyObject_CallNoArgs(profiling);  // the profiler's events come from the lane's path
+  if (on == nullptr)
+    return nullptr;
+  busy = PyObject_IsTrue(on);
+  Py_DECREF(on);
+  if (busy != 0)
+    return nullptr;
+  py::object outer = py::reinterpret_steal<py::object>(PyObject_GetAttr(recorder, s_outer));
+  if (!outer || !outer.is_none())  // a polydist call's record open: the Python path adopts it
+    return nullptr;
+
+  // The group's sequence number, the same count on every member whoever called (python_group's _seq).
+  PyObject* seq = PyObject_GetAttr(self, s_seq);
+  if (seq == nullptr)
+    return nullptr;
+  PyObject* next = PyNumber_Add(seq, one);
+  Py_DECREF(seq);
+  if (next == nullptr || PyObject_SetAttr(self, s_seq, next) < 0) {
+    Py_XDECREF(next);
+    return nullptr;
+  }
+  py::object number = py::reinterpret_steal<py::object>(next);
+  pending_call = Call{t.data_ptr(), static_cast<int>(t.numel()), plan.datatype, plan.op, comm};
+  int recording = truthy(recorder, s_on), watched = recording > 0 ? 1 : truthy(watchdog, s_enabled);
+  if (recording < 0 || watched < 0)
+    return nullptr;
+  py::object done;
+  if (watched) {  // record, shown to the watchdog while MPI runs, completed or failed: the compiled recorder's
+    py::object tag = py::reinterpret_steal<py::object>(PyObject_GetAttr(self, s_tag));
+    if (!tag)
+      return nullptr;
+    PyObject* args[] = {recorder, lane.ptr(), tag.ptr(), s_all_reduce, number.ptr(), plan.name, x,
+                        recording ? Py_True : Py_False, call_now};
+    done = py::reinterpret_steal<py::object>(PyObject_Vectorcall(run_recorded, args, 9, nullptr));
+  } else {  // neither recorded nor watched: the MPI call alone
+    done = py::reinterpret_steal<py::object>(call_now_impl(nullptr, nullptr));
+  }
+  if (!done)
+    return nullptr;
+  if (plan.avg) {
+    at::Tensor out = t;
+    out.div_(size);
+  }
+  if (list == Py_None)  // the caller makes the handle (backends/_dispatch.cpp, a C++ one)
+    return Py_NewRef(Py_None);
+  // The lane's one completed handle (work.DoneWork), holding this call's tensors as its result.
+  py::object held = py::reinterpret_borrow<py::object>(list);
+  if (!held) {  // a C++ caller's: a list of the tensor
+    held = py::reinterpret_steal<py::object>(PyList_New(1));
+    if (!held)
+      return nullptr;
+    PyList_SET_ITEM(held.ptr(), 0, Py_NewRef(x));
+  }
+  py::object handle = py::reinterpret_steal<py::object>(PyObject_GetAttr(lane.ptr(), s_done));
+  return handle ? PyObject_CallMethodOneArg(handle.ptr(), s_completed, held.ptr()) : nullptr;
+}
+
 class LeanGroup : public c10d::PyProcessGroup {
  public:
   using PyProcessGroup::PyProcessGroup;
@@ -115,85 +195,13 @@ class LeanGroup : public c10d::PyProcessGroup {
     py::object work;
     if (tensors.size() == 1) {
       py::object x = py::reinterpret_steal<py::object>(THPVariable_Wrap(tensors[0]));
-      work = py::reinterpret_steal<py::object>(lean(self.ptr(), x.ptr(), nullptr, tensors[0], opts));
+      work = py::reinterpret_steal<py::object>(lean(comm, size, self.ptr(), x.ptr(), nullptr, tensors[0], opts));
       if (!work && PyErr_Occurred())
         throw py::error_already_set();
     }
     if (!work)
       work = self.attr(s_fallback)(tensors, opts);
     return c10::make_intrusive<PyWorkHolder>(work);
-  }
-
-  // The fast path, GIL held: a new reference to the group's completed handle; nullptr without an error set where
-  // the call is not the common one (the caller takes the Python group's allreduce); nullptr with one on error.
-  // ``x``: the tensor as a Python object; ``list``: the caller's list of it, or nullptr.
-  PyObject* lean(PyObject* self, PyObject* x, PyObject* list, const at::Tensor& t, const c10d::AllreduceOptions& opts) {
-    if (!enabled || opts.asyncOp || comm == 0 || !t.defined() || t.layout() != c10::kStrided || !t.device().is_cpu() ||
-        !t.is_contiguous() || t.numel() > INT32_MAX)  // MPI's count is an int: mpi4py's large-count calls take more
-      return nullptr;
-    int type = static_cast<int>(t.scalar_type()), kind = static_cast<int>(opts.reduceOp.op_);
-    if (type >= kTypes || kind >= kOps || plans[type][kind].name == nullptr)
-      return nullptr;
-    const Plan& plan = plans[type][kind];
-    py::object lane = py::reinterpret_steal<py::object>(PyObject_GetAttr(self, s_lane));
-    if (!lane)
-      return nullptr;
-    int busy = truthy(lane.ptr(), s_pending);  // operations queued on the lane go first: take the lane
-    if (busy != 0)
-      return nullptr;
-    PyObject* on = PyObject_CallNoArgs(profiling);  // the profiler's events come from the lane's path
-    if (on == nullptr)
-      return nullptr;
-    busy = PyObject_IsTrue(on);
-    Py_DECREF(on);
-    if (busy != 0)
-      return nullptr;
-    py::object outer = py::reinterpret_steal<py::object>(PyObject_GetAttr(recorder, s_outer));
-    if (!outer || !outer.is_none())  // a polydist call's record open: the Python path adopts it
-      return nullptr;
-
-    // The group's sequence number, the same count on every member whoever called (python_group's _seq).
-    PyObject* seq = PyObject_GetAttr(self, s_seq);
-    if (seq == nullptr)
-      return nullptr;
-    PyObject* next = PyNumber_Add(seq, one);
-    Py_DECREF(seq);
-    if (next == nullptr || PyObject_SetAttr(self, s_seq, next) < 0) {
-      Py_XDECREF(next);
-      return nullptr;
-    }
-    py::object number = py::reinterpret_steal<py::object>(next);
-    pending_call = Call{t.data_ptr(), static_cast<int>(t.numel()), plan.datatype, plan.op, comm};
-    int recording = truthy(recorder, s_on), watched = recording > 0 ? 1 : truthy(watchdog, s_enabled);
-    if (recording < 0 || watched < 0)
-      return nullptr;
-    py::object done;
-    if (watched) {  // record, shown to the watchdog while MPI runs, completed or failed: the compiled recorder's
-      py::object tag = py::reinterpret_steal<py::object>(PyObject_GetAttr(self, s_tag));
-      if (!tag)
-        return nullptr;
-      PyObject* args[] = {recorder, lane.ptr(), tag.ptr(), s_all_reduce, number.ptr(), plan.name, x,
-                          recording ? Py_True : Py_False, call_now};
-      done = py::reinterpret_steal<py::object>(PyObject_Vectorcall(run_recorded, args, 9, nullptr));
-    } else {  // neither recorded nor watched: the MPI call alone
-      done = py::reinterpret_steal<py::object>(call_now_impl(nullptr, nullptr));
-    }
-    if (!done)
-      return nullptr;
-    if (plan.avg) {
-      at::Tensor out = t;
-      out.div_(size);
-    }
-    // The lane's one completed handle (work.DoneWork), holding this call's tensors as its result.
-    py::object held = py::reinterpret_borrow<py::object>(list);
-    if (!held) {  // a C++ caller's: a list of the tensor
-      held = py::reinterpret_steal<py::object>(PyList_New(1));
-      if (!held)
-        return nullptr;
-      PyList_SET_ITEM(held.ptr(), 0, Py_NewRef(x));
-    }
-    py::object handle = py::reinterpret_steal<py::object>(PyObject_GetAttr(lane.ptr(), s_done));
-    return handle ? PyObject_CallMethodOneArg(handle.ptr(), s_completed, held.ptr()) : nullptr;
   }
 };
 
@@ -205,7 +213,8 @@ py::object allreduce_py(py::handle self, py::handle tensors, py::handle opts) {
       THPVariable_Check(PyList_GET_ITEM(tensors.ptr(), 0)) && py::isinstance<c10d::AllreduceOptions>(opts)) {
     PyObject* x = PyList_GET_ITEM(tensors.ptr(), 0);
     const at::Tensor& t = THPVariable_Unpack(x);
-    PyObject* work = group->lean(self.ptr(), x, tensors.ptr(), t, py::cast<const c10d::AllreduceOptions&>(opts));
+    PyObject* work = lean(group->comm, group->size, self.ptr(), x, tensors.ptr(), t,
+                          py::cast<const c10d::AllreduceOptions&>(opts));
     if (work != nullptr)
       return py::reinterpret_steal<py::object>(work);
     if (PyErr_Occurred())
@@ -280,6 +289,8 @@ PYBIND11_MODULE(_lean, m) {
       },
       "learn(dtype, RedOpType value, MPI datatype handle, MPI op handle, AVG, op name): the fast path's plan");
   m.def("use", [](bool on) { enabled = on; }, "use(False): every call takes the Python group's allreduce");
+  // The fast path for the Backend behind a torch-made ProcessGroup (backends/_dispatch.cpp's set_fast).
+  m.attr("ALLREDUCE") = py::capsule(reinterpret_cast<void*>(&lean), "polydist.backends.mpi4py._lean.allreduce");
 
   // The metaclass of torch's ProcessGroup (torch's own, not pybind's default): a Python class derives from both.
   py::handle meta = py::type::of(py::module_::import("torch._C._distributed_c10d").attr("ProcessGroup"));

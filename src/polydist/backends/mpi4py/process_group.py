@@ -54,7 +54,7 @@ How operations map onto MPI:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -62,7 +62,9 @@ import torch.distributed as dist
 from ..._compiled import load
 from ...errors import InvalidArgumentError
 from . import _mpi
+from .pieces import MPIPieces
 from ...collectives.recorder import RECORDER
+from .. import dispatch
 from ..python_group import PythonProcessGroup, opt
 from ..tensors import Contiguous, apart, own_slot
 from ..watchdog import WATCHDOG
@@ -92,7 +94,7 @@ def _handle(obj: Any) -> int:
     return obj.handle & 0xFFFFFFFFFFFFFFFF
 
 
-class MPIProcessGroup(PythonProcessGroup, *(() if LEAN is None else (LEAN.LeanGroup,))):
+class MPIProcessGroup(MPIPieces, PythonProcessGroup, *(() if LEAN is None else (LEAN.LeanGroup,))):
     """A ``torch.distributed`` process group over an MPI communicator.
 
     Created by torch.distributed (``init_process_group("mpi4py")`` or, on
@@ -119,6 +121,12 @@ class MPIProcessGroup(PythonProcessGroup, *(() if LEAN is None else (LEAN.LeanGr
 
     def __repr__(self) -> str:
         return f"<MPIProcessGroup {self._backend} rank={self._rank} size={self._size}>"
+
+    def for_torch(self) -> Any:
+        """What a creator gives torch: a Backend forwarding to this group, behind which torch makes the ProcessGroup
+        (:func:`~polydist.backends.dispatch.backend_for`, the compiled all_reduce plugged in), or this group itself."""
+        fast = None if LEAN is None or self.comm is None else (LEAN.ALLREDUCE, _handle(self.comm), self._size)
+        return dispatch.backend_for(self, self._backend, fast)
 
     def _cannot_cancel(self) -> str:
         return "A blocked MPI collective cannot be cancelled: MPI_Abort ends the job after this rank's dump"
@@ -305,90 +313,6 @@ class MPIProcessGroup(PythonProcessGroup, *(() if LEAN is None else (LEAN.LeanGr
 
     def _barrier_now(self) -> None:
         self.comm.Barrier()
-
-    # ------------------------------------------------------------ polydist's piece exchanges (blocking, direct)
-
-    # polydist's any-shape collectives call these (DirectProcessGroup) instead of torch.distributed's:
-    # MPI's v-collectives take sizes that differ per rank as they are. A plan that is ``even`` (every
-    # body the same length, every sender agreeing: the same on all ranks) takes the fixed-size
-    # collective, which mpich runs faster than the v-one at large sizes.
-
-    def allgather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any]) -> tuple[Any, torch.Tensor]:
-        heads = bytearray(len(header) * self.comm.Get_size())
-        done: list = []
-
-        def run() -> None:
-            self.comm.Allgather([header, _mpi.MPI.BYTE], [heads, _mpi.MPI.BYTE])
-            p, out = plan(bytes(heads))
-            if p.even:
-                self.comm.Allgather(_mpi.raw(body), _mpi.raw(out))
-            else:
-                self.comm.Allgatherv(_mpi.raw(body), [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE])
-            done.append((p, out))
-
-        self._call("all_gather", run, [body])
-        return done[0]
-
-    def gather_pieces(self, header: bytes, body: torch.Tensor, plan: Callable[[bytes], Any], root: int) -> Any:
-        here = self.comm.Get_rank() == root
-        heads = bytearray(len(header) * self.comm.Get_size()) if here else None
-        done: list = [None]
-
-        def run() -> None:
-            self.comm.Gather([header, _mpi.MPI.BYTE], [heads, _mpi.MPI.BYTE] if here else None, root)
-            if not here:
-                self.comm.Gatherv(_mpi.raw(body), None, root)
-                return
-            p, out = plan(bytes(heads))
-            self.comm.Gatherv(_mpi.raw(body), [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE], root)
-            done[0] = (p, out)
-
-        self._call("gather", run, [body])
-        return done[0]
-
-    def scatter_pieces(
-        self, headers: Optional[bytes], bodies: Optional[torch.Tensor], lengths: Sequence[int], root: int,
-        size: int, length_of: Callable[[bytes], Any],
-    ) -> tuple[bytes, torch.Tensor]:  # fmt: skip
-        here = self.comm.Get_rank() == root
-        mine = bytearray(size)
-        done: list = []
-
-        def run() -> None:
-            self.comm.Scatter([headers, _mpi.MPI.BYTE] if here else None, [mine, _mpi.MPI.BYTE], root)
-            length, even = length_of(bytes(mine))
-            out = torch.empty(length, dtype=torch.uint8)
-            if even:
-                self.comm.Scatter(_mpi.raw(bodies) if here else None, _mpi.raw(out), root)
-            else:
-                send = [_mpi.address(bodies), (list(lengths), _mpi.offsets_of(lengths)), _mpi.MPI.BYTE] if here else None
-                self.comm.Scatterv(send, _mpi.raw(out), root)
-            done.append((bytes(mine), out))
-
-        self._call("scatter", run, [])
-        return done[0]
-
-    def all_to_all_pieces(
-        self, headers: bytes, bodies: torch.Tensor, lengths: Sequence[int], plan: Callable[[bytes], Any]
-    ) -> tuple[Any, torch.Tensor]:
-        heads = bytearray(len(headers))
-        done: list = []
-
-        def run() -> None:
-            self.comm.Alltoall([headers, _mpi.MPI.BYTE], [heads, _mpi.MPI.BYTE])
-            p, out = plan(bytes(heads))
-            if p.even:  # every sender's bodies even, all of one length: so are this rank's
-                self.comm.Alltoall(_mpi.raw(bodies), _mpi.raw(out))
-                done.append((p, out))
-                return
-            self.comm.Alltoallv(
-                [_mpi.address(bodies), (list(lengths), _mpi.offsets_of(lengths)), _mpi.MPI.BYTE],
-                [_mpi.address(out), (p.lengths, p.offsets), _mpi.MPI.BYTE],
-            )
-            done.append((p, out))
-
-        self._call("all_to_all", run, [bodies])
-        return done[0]
 
     # ------------------------------------------------------------ point-to-point
 

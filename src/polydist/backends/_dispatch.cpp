@@ -1,0 +1,244 @@
+// A c10d Backend that forwards every operation to one of polydist's Python groups, so that torch makes the
+// ProcessGroup and a torch-level call takes torch's dispatcher ops (torch.ops.c10d.allreduce_, ...) on its way to
+// the Python group, as it does on gloo: CommDebugMode, the profiler's c10d events and anything else hooking the
+// dispatcher see the same program on polydist's backends (issue 52).
+//
+// Optional, as _lean.cpp: setup.py builds it where torch's headers and a C++ compiler are found; without it a
+// Python group is the ProcessGroup itself, as before (backends/dispatch.py). torch's own ProcessGroupMPI is built
+// this way: a Backend registered behind a torch-made ProcessGroup. torch 2.13 gives Python no Backend it can
+// subclass (no trampoline: "No constructor defined"), hence C++.
+//
+// Each operation takes the GIL and calls the Python group's method of torch's ProcessGroup name (allreduce,
+// _allgather_base, alltoall_base, recv_anysource, ...) with the same arguments, which keeps the Python groups'
+// records, watchdog, lanes and errors as they are; its Python work handle comes back as a GroupWork. A fast
+// all_reduce can be plugged in (set_fast: a capsule of _lean.cpp's, the MPI group's compiled common call).
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#if __has_include(<torch/csrc/distributed/c10d/PyProcessGroup.hpp>)
+#include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
+#else  // torch 2.14 moved the Python bindings' headers into c10d/py/ (issue 52: not yet built against it here)
+#include <torch/csrc/distributed/c10d/py/PyProcessGroup.hpp>
+#endif
+#include <torch/version.h>
+
+#include <pybind11/chrono.h>
+
+#include <string>
+
+#ifndef POLYDIST_DISPATCH_SOURCE  // setup.py defines it: the SHA-256 of this file, which dispatch.py compares
+#define POLYDIST_DISPATCH_SOURCE ""
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+// _lean.cpp's common all_reduce, as its capsule gives it (``list`` Py_None: no Python handle made): a new reference
+// to None once done, or nullptr (with a Python error set on error, without one where the call is not the common one).
+using FastAllreduce = PyObject* (*)(uintptr_t comm, int size, PyObject* group, PyObject* x, PyObject* list,
+                                    const at::Tensor& t, const c10d::AllreduceOptions& opts);
+constexpr const char* kFastCapsule = "polydist.backends.mpi4py._lean.allreduce";
+
+// A Python group's work handle (work.LaneWork) for torch's C++: wait and the future through torch's Work trampoline
+// (PyWorkHolder), and what torch's Python asks of a handle beyond those (the sender of a recv from any source, the
+// result, completion) from the Python object.
+class GroupWork : public c10d::PyProcessGroup::PyWorkHolder {
+ public:
+  explicit GroupWork(py::object work) : PyWorkHolder(work), py_(work) {}
+  ~GroupWork() override {
+    py::gil_scoped_acquire gil;
+    py_ = py::object();
+  }
+
+  bool isCompleted() override {
+    py::gil_scoped_acquire gil;
+    return py_.attr("is_completed")().cast<bool>();
+  }
+  bool isSuccess() const override {
+    py::gil_scoped_acquire gil;
+    return py_.attr("is_success")().cast<bool>();
+  }
+  int sourceRank() const override {
+    py::gil_scoped_acquire gil;
+    return py_.attr("_source_rank")().cast<int>();
+  }
+  std::vector<at::Tensor> result() override {
+    py::gil_scoped_acquire gil;
+    return py_.attr("result")().cast<std::vector<at::Tensor>>();
+  }
+
+ private:
+  py::object py_;
+};
+
+// The fast all_reduce's handle: its tensors were reduced in place before it was made (no Python object to keep).
+class CompletedWork : public c10d::Work {
+ public:
+  explicit CompletedWork(std::vector<at::Tensor> tensors)
+      : Work(-1, c10d::OpType::ALLREDUCE), tensors_(std::move(tensors)) {
+    finish();
+  }
+  bool isCompleted() override {
+    return true;
+  }
+  bool isSuccess() const override {
+    return true;
+  }
+  bool wait(std::chrono::milliseconds) override {
+    return true;
+  }
+  std::vector<at::Tensor> result() override {
+    return tensors_;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    future->markCompleted(c10::IValue(tensors_));
+    return future;
+  }
+
+ private:
+  std::vector<at::Tensor> tensors_;
+};
+
+class GroupBackend : public c10d::Backend {
+ public:
+  GroupBackend(py::object group, int rank, int size, std::string name)
+      : Backend(rank, size), group_(std::move(group)), name_(std::move(name)) {}
+  ~GroupBackend() override {
+    if (!Py_IsInitialized()) {  // the interpreter is gone: leak the reference rather than touch it
+      group_.release();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    group_ = py::object();
+  }
+
+  py::object group() const {
+    return group_;
+  }
+  void setFast(FastAllreduce fast, uintptr_t comm, int size) {
+    fast_ = fast, comm_ = comm, size_ = size;
+  }
+
+  const std::string getBackendName() const override {
+    return name_;
+  }
+
+  template <typename... Args>
+  c10::intrusive_ptr<c10d::Work> forward(const char* method, Args&&... args) {
+    py::gil_scoped_acquire gil;
+    return c10::make_intrusive<GroupWork>(group_.attr(method)(std::forward<Args>(args)...));
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    if (fast_ == nullptr || tensors.size() != 1)
+      return forward("allreduce", tensors, opts);
+    py::gil_scoped_acquire gil;
+    py::object x = py::reinterpret_steal<py::object>(THPVariable_Wrap(tensors[0]));
+    PyObject* done = fast_(comm_, size_, group_.ptr(), x.ptr(), Py_None, tensors[0], opts);
+    if (done != nullptr) {
+      Py_DECREF(done);
+      return c10::make_intrusive<CompletedWork>(tensors);
+    }
+    if (PyErr_Occurred())
+      throw py::error_already_set();
+    return c10::make_intrusive<GroupWork>(group_.attr("_allreduce_python")(tensors, opts));
+  }
+  // torch's Backend methods of one list and options (ONE) or outputs, inputs and options (TWO), each forwarded to
+  // the Python group's method of the same name.
+#define POLYDIST_ONE(NAME, OPTIONS)                                                                           \
+  c10::intrusive_ptr<c10d::Work> NAME(std::vector<at::Tensor>& tensors, const c10d::OPTIONS& opts) override { \
+    return forward(#NAME, tensors, opts);                                                                      \
+  }
+#define POLYDIST_TWO(NAME, OUTPUTS, INPUTS, OPTIONS)                                                       \
+  c10::intrusive_ptr<c10d::Work> NAME(OUTPUTS& outputs, INPUTS& inputs, const c10d::OPTIONS& opts) override { \
+    return forward(#NAME, outputs, inputs, opts);                                                            \
+  }
+  using Tensors = std::vector<at::Tensor>;
+  using TensorLists = std::vector<std::vector<at::Tensor>>;
+  POLYDIST_ONE(broadcast, BroadcastOptions)
+  POLYDIST_ONE(allreduce_coalesced, AllreduceCoalescedOptions)
+  POLYDIST_ONE(reduce, ReduceOptions)
+  POLYDIST_TWO(allgather, TensorLists, Tensors, AllgatherOptions)
+  POLYDIST_TWO(_allgather_base, at::Tensor, at::Tensor, AllgatherOptions)
+  POLYDIST_TWO(allgather_coalesced, TensorLists, Tensors, AllgatherOptions)
+  POLYDIST_TWO(allgather_into_tensor_coalesced, Tensors, Tensors, AllgatherOptions)
+  POLYDIST_TWO(gather, TensorLists, Tensors, GatherOptions)
+  POLYDIST_TWO(scatter, Tensors, TensorLists, ScatterOptions)
+  POLYDIST_TWO(reduce_scatter, Tensors, TensorLists, ReduceScatterOptions)
+  POLYDIST_TWO(_reduce_scatter_base, at::Tensor, at::Tensor, ReduceScatterOptions)
+  POLYDIST_TWO(reduce_scatter_tensor_coalesced, Tensors, Tensors, ReduceScatterOptions)
+  POLYDIST_TWO(alltoall, Tensors, Tensors, AllToAllOptions)
+#undef POLYDIST_ONE
+#undef POLYDIST_TWO
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions& opts) override {
+    return forward("alltoall_base", output, input, outputSplits, inputSplits, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    return forward("send", tensors, dst, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    return forward("recv", tensors, src, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    return forward("recv_anysource", tensors, tag);
+  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    return forward("barrier", opts);
+  }
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    py::gil_scoped_acquire gil;
+    group_.attr("_set_default_timeout")(timeout);
+  }
+  void setGroupUid(const std::string& name) override {
+    Backend::setGroupUid(name);
+    py::gil_scoped_acquire gil;
+    group_.attr("_set_group_name")(name);
+  }
+  void shutdown() override {
+    py::gil_scoped_acquire gil;
+    group_.attr("shutdown")();
+  }
+  void abort() override {
+    py::gil_scoped_acquire gil;
+    group_.attr("abort")();
+  }
+
+ private:
+  py::object group_;
+  std::string name_;
+  FastAllreduce fast_ = nullptr;
+  uintptr_t comm_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_dispatch, m) {
+  // Built against one torch: a Backend's layout is torch's own, so another torch must not load it.
+  std::string built = TORCH_VERSION;
+  std::string running = py::module_::import("torch").attr("__version__").cast<std::string>();
+  if (running.rfind(built, 0) != 0)
+    throw py::import_error("polydist.backends._dispatch was built for torch " + built + ", this is torch " + running +
+                           ": rebuild it (pip install --no-build-isolation -e .)");
+  m.attr("SOURCE") = POLYDIST_DISPATCH_SOURCE;
+  py::class_<GroupBackend, c10d::Backend, c10::intrusive_ptr<GroupBackend>>(m, "GroupBackend")
+      .def(py::init<py::object, int, int, std::string>(), py::arg("group"), py::arg("rank"), py::arg("size"),
+           py::arg("name"),
+           "GroupBackend(group, rank, size, name): torch's Backend for Python group ``group`` (a PythonProcessGroup),\n"
+           "every operation forwarded to its method of torch's name; ``name``: what getBackendName() says.")
+      .def_property_readonly("group", &GroupBackend::group, "the Python group behind it")
+      .def(
+          "set_fast",
+          [](GroupBackend& b, py::capsule fast, uintptr_t comm, int size) {
+            if (std::string(fast.name()) != kFastCapsule)
+              throw py::value_error(std::string("set_fast: expected the capsule ") + kFastCapsule);
+            b.setFast(reinterpret_cast<FastAllreduce>(fast.get_pointer()), comm, size);
+          },
+          py::arg("fast"), py::arg("comm"), py::arg("size"),
+          "set_fast(capsule, comm, size): the all_reduce's common call compiled (_lean.ALLREDUCE, over the MPI\n"
+          "communicator handle ``comm`` of ``size`` ranks); any other call is the group's _allreduce_python.");
+}
