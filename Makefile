@@ -14,7 +14,7 @@ setup: $(STAMP)
 
 # No build isolation: the compiled all_reduce of the MPI group (setup.py) is a torch extension, built against the
 # torch installed first; pip's isolated build would have no torch (and setup.py would leave it out).
-$(STAMP): pyproject.toml setup.py src/polydist/collectives/_record.c src/polydist/backends/mpi4py/_lean.cpp  # reinstalled (rebuilt) when a compiled source changes
+$(STAMP): pyproject.toml setup.py src/polydist/collectives/_record.c src/polydist/backends/mpi4py/_lean.cpp src/polydist/backends/_dispatch.cpp  # reinstalled (rebuilt) when a compiled source changes
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0 "setuptools>=68"
 	$(BIN)/python -m pip install --quiet --no-build-isolation -e ".[examples,test,ft]"
