@@ -39,6 +39,7 @@ from ..backends import registry
 from ..collectives.recorder import RECORDER, as_dict
 from ..errors import WorldMismatchError
 from . import history
+from .pid_notes import note_pid
 from .torch_records import torch_records
 
 __all__ = ["dump_trace", "dump_path", "trace_dir", "timed_out", "failed", "peers_dump", "install_signal_handlers",
@@ -289,8 +290,6 @@ def install_signal_handlers() -> None:
         signal.signal(s, _on_signal)
     _start_watcher()
     if signal.SIGUSR1 in _mine:  # polydist trace --signal DIR finds this rank, and only this job's ranks
-        from .signal_job import note_pid
-
         note_pid(_who()["rank"])
     if _exit_notices_expected():  # any program under polydist's mpiexec, not only polydist run's worker entry
         atexit.register(ignore_exit_notices)

@@ -2,7 +2,7 @@
 
 Each rank of a job whose launcher names a trace directory (``polydist run``
 sets ``$POLYDIST_TRACE_DIR``) notes its pid there when it starts
-(``rank<R>.pid``, :func:`note_pid`). :func:`signal_job` sends ``SIGUSR1`` to
+(``rank<R>.pid``, :func:`.pid_notes.note_pid`). :func:`signal_job` sends ``SIGUSR1`` to
 each noted pid whose process still runs with that same trace directory in its
 environment, and waits for their dumps; the job goes on. A pid that another
 process took since, the ranks of other jobs, ``mpiexec`` and the launchers
@@ -12,28 +12,14 @@ and ``SIGUSR1`` ends a process that does not handle it).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 from typing import Optional
 
 from .. import settings
 from .dump import peers_dump
+from .pid_notes import PID_FILE
 
-__all__ = ["note_pid", "signal_job"]
-
-_PID_FILE = re.compile(r"rank(\d+)\.pid")
-
-
-def note_pid(rank: Optional[int]) -> None:
-    """Write this process's pid to ``$POLYDIST_TRACE_DIR/rank<R>.pid`` (nothing without both); never raises."""
-    folder = settings.TRACE_DIR.read()
-    if not folder or rank is None:
-        return
-    with contextlib.suppress(OSError):
-        os.makedirs(folder, exist_ok=True)  # the launcher names it; the first rank to write makes it
-        with open(os.path.join(folder, f"rank{rank}.pid"), "w") as f:
-            f.write(f"{os.getpid()}\n")
+__all__ = ["live_ranks", "signal_job"]
 
 
 def _environ(pid: int) -> Optional[dict]:
@@ -52,7 +38,7 @@ def live_ranks(folder: str) -> tuple[dict, list]:
     directory; a note (one line) for each noted rank left out, and why."""
     live, notes, here = {}, [], os.path.realpath(folder)
     for name in sorted(os.listdir(folder)):
-        found = _PID_FILE.fullmatch(name)
+        found = PID_FILE.fullmatch(name)
         if not found:
             continue
         rank = int(found.group(1))
