@@ -61,8 +61,15 @@ def _qualname(cls: type) -> str:
 
 
 def group_class() -> str:
-    """The class that carries the default group's CPU collectives: a Python ProcessGroup, or torch's C++ backend."""
+    """The class that carries the default group's CPU collectives: polydist's Python group (the ProcessGroup itself,
+    or behind torch's ProcessGroup through polydist's compiled Backend), or torch's C++ backend."""
     pg = dist.group.WORLD
+    if "polydist" in sys.modules:  # the gloo reference runs stock, without polydist
+        from polydist.backends.dispatch import behind
+
+        group = behind(pg)
+        if group is not None:
+            return _qualname(type(group))
     if type(pg) is not dist.ProcessGroup:  # a registered Python ProcessGroup is the group itself
         return _qualname(type(pg))
     return _qualname(type(pg._get_backend(torch.device("cpu"))))

@@ -12,6 +12,7 @@
 // _allgather_base, alltoall_base, recv_anysource, ...) with the same arguments, which keeps the Python groups'
 // records, watchdog, lanes and errors as they are; its Python work handle comes back as a GroupWork. A fast
 // all_reduce can be plugged in (set_fast: a capsule of _lean.cpp's, the MPI group's compiled common call).
+#include <atomic>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #if __has_include(<torch/csrc/distributed/c10d/PyProcessGroup.hpp>)
@@ -124,8 +125,19 @@ class GroupBackend : public c10d::Backend {
     return name_;
   }
 
+  // The count of operations this group started, for torch's desync checker (TORCH_DISTRIBUTED_DEBUG=DETAIL wraps
+  // a plugin backend in ProcessGroupWrapper, which asks for it before each collective): equal on every rank that
+  // ran the same operations, as gloo's.
+  void setSequenceNumberForGroup() override {
+    seq_ = 0;
+  }
+  uint64_t getSequenceNumberForGroup() override {
+    return seq_;
+  }
+
   template <typename... Args>
   c10::intrusive_ptr<c10d::Work> forward(const char* method, Args&&... args) {
+    ++seq_;
     py::gil_scoped_acquire gil;
     return c10::make_intrusive<GroupWork>(group_.attr(method)(std::forward<Args>(args)...));
   }
@@ -134,6 +146,7 @@ class GroupBackend : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts) override {
     if (fast_ == nullptr || tensors.size() != 1)
       return forward("allreduce", tensors, opts);
+    ++seq_;
     py::gil_scoped_acquire gil;
     py::object x = py::reinterpret_steal<py::object>(THPVariable_Wrap(tensors[0]));
     PyObject* done = fast_(comm_, size_, group_.ptr(), x.ptr(), Py_None, tensors[0], opts);
@@ -210,6 +223,7 @@ class GroupBackend : public c10d::Backend {
  private:
   py::object group_;
   std::string name_;
+  std::atomic<uint64_t> seq_{0};
   FastAllreduce fast_ = nullptr;
   uintptr_t comm_ = 0;
   int size_ = 1;

@@ -1,4 +1,4 @@
-"""A Python group behind a torch-made ProcessGroup, so torch-level calls take torch's dispatcher (issue 52).
+"""A Python group behind a torch-made ProcessGroup, so torch-level calls take torch's dispatcher.
 
 A Python group (:class:`~polydist.backends.python_group.PythonProcessGroup`) that a creator returns as it is
 becomes the ProcessGroup itself (torch's ``_new_process_group_helper`` takes any ProcessGroup subclass as the
