@@ -249,13 +249,11 @@ def auto_optim(optimizer: torch.optim.Optimizer, *, sync_state: bool = True, **k
         raise TypeError(f"auto_optim expects a torch.optim.Optimizer, got {type(optimizer).__name__}")
     session = ft.fault_tolerance()
     if session is not None:
+        from .backends.torchft.sharded import load_optimizer
         from .backends.torchft.wrappers import FaultTolerantOptimizer
 
-        from .backends.torchft import sharded
-
-        # a sharded model's optimizer holds DTensors: each rank sends its own shards (plain tensors otherwise)
-        session.register_state("optimizer", lambda: sharded.local_state(optimizer.state_dict()),
-                               sharded.load_optimizer(optimizer))  # fmt: skip
+        # a sharded model's optimizer holds DTensors: they travel as local shards, loaded back as DTensors
+        session.register_state("optimizer", optimizer.state_dict, load_optimizer(optimizer))
         return FaultTolerantOptimizer(session.manager, optimizer, session.start_step, session.should_commit)
     own = _own_training(_distributed())
     if kwargs and own is None:

@@ -69,9 +69,11 @@ def test_the_model_state_is_its_tensors_and_a_state_that_does_not_fit_is_refused
         load({**sent, "0.weight": "rm -rf /"})
 
 
-def test_local_state_keeps_plain_values_and_makes_mappings_plain_dicts():
+def test_a_state_travels_with_plain_dicts_and_its_plain_values_as_they_are():
     import collections
 
+    from polydist.backends.torchft.transport import plain
+
     state = collections.OrderedDict(a=torch.ones(1), b=[1, (2, 3)], c={"d": 4.0})
-    got = sharded.local_state(state)
+    got = plain(state)
     assert type(got) is dict and got["b"] == [1, (2, 3)] and got["c"] == {"d": 4.0} and got["a"] is state["a"]

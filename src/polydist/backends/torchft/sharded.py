@@ -12,7 +12,8 @@ of DDP's hook (a failed all-reduce fails the step, never the program). It
 runs after backward, not overlapped with it.
 
 The live state a recovering replica group receives holds each rank's own
-shards (:func:`local_state`): rank r of the recovering group receives from
+shards (:func:`~polydist.backends.torchft.transport.plain` sends a DTensor's
+local shard): rank r of the recovering group receives from
 rank r of a live one, whose layout is the same; :func:`model_state`'s loader
 and :func:`load_optimizer` put them back into the DTensors, checking what came
 (bytes from another process are hostile until checked).
@@ -31,25 +32,12 @@ from torch.distributed.tensor import DTensor
 
 from .wrappers import average
 
-__all__ = ["average_gradients", "load_optimizer", "local_state", "model_state"]
+__all__ = ["average_gradients", "load_optimizer", "model_state"]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (a view: writing to it writes the DTensor); any other tensor itself."""
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-def local_state(obj: Any) -> Any:
-    """``obj`` (a state_dict) with every DTensor replaced by its local shard and every mapping a plain dict."""
-    if isinstance(obj, DTensor):
-        return obj.to_local()
-    if isinstance(obj, dict):
-        return {k: local_state(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [local_state(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(local_state(v) for v in obj)
-    return obj
 
 
 def average_gradients(manager: Any, params: Iterable[torch.nn.Parameter]) -> None:
@@ -119,9 +107,9 @@ def model_state(model: torch.nn.Module) -> tuple[Callable[[], dict], Callable[[A
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer) -> Callable[[Any], None]:
-    """A loader of :func:`local_state` ``(optimizer.state_dict())`` into ``optimizer``: its ``load_state_dict``,
-    then each per-parameter tensor of a DTensor parameter's shape made a DTensor of that parameter's mesh and
-    placements again (the optimizer's step mixes them with the DTensor gradients)."""
+    """A loader of ``optimizer.state_dict()`` as it travels (DTensors as their local shards) into ``optimizer``:
+    its ``load_state_dict``, then each per-parameter tensor of a DTensor parameter's shape made a DTensor of that
+    parameter's mesh and placements again (the optimizer's step mixes them with the DTensor gradients)."""
 
     def load(state: Any) -> None:
         optimizer.load_state_dict(state)

@@ -31,6 +31,7 @@ import urllib.request
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
+from torch.distributed.tensor import DTensor
 from torchft.checkpointing.transport import CheckpointTransport
 
 from ... import codec
@@ -41,12 +42,17 @@ _DEFAULT_LIMIT = 1 << 34  # 16 GiB: far above this project's models, far below a
 
 
 def plain(obj: Any) -> Any:
-    """``obj`` with every mapping a plain dict (a model's ``state_dict`` is an ``OrderedDict``, which the codec
-    does not take); order is kept."""
+    """``obj`` (a registered state) as it travels: every mapping a plain dict, order kept, and every DTensor its
+    local shard (a sharded model's optimizer holds DTensors: each rank sends its own shards, and
+    :func:`~polydist.backends.torchft.sharded.load_optimizer` makes them DTensors again)."""
+    if isinstance(obj, DTensor):
+        return obj.to_local()
     if isinstance(obj, collections.abc.Mapping):
         return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [plain(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(plain(v) for v in obj)
     return obj
 
 
