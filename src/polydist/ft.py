@@ -311,7 +311,7 @@ def _start_torchft() -> FaultTolerance:
         rank, size, timeout = state.rank, state.size, state.timeout
         if not info.master_addr or not info.master_port:
             raise RuntimeError("--fault-tolerant: the replica group's store is not known ($MASTER_ADDR, $MASTER_PORT)")
-        store: tuple = (info.master_addr, info.master_port)
+        store: tuple = (info.master_addr, info.master_port) if host == "127.0.0.1" else _store_on(host, rank)
     elif (info.world_size or 1) == 1:  # a replica group of one process, serial: a store of its own, on `host`
         import torch.distributed as dist
 
@@ -330,6 +330,21 @@ def _start_torchft() -> FaultTolerance:
     session = FaultTolerance(replica, replicas, rank, size, manager, ship)
     ship._on_received = session._on_received
     return session
+
+
+def _store_on(host: str, rank: int) -> tuple:
+    """A store for the replica group's manager on ``host``, served by its rank 0: on several nodes the other
+    replica groups reach it (it is the cross-replica group's when this one leads a quorum), which they cannot
+    do at the replica group's own store on loopback. Its port travels over the default group's store."""
+    import torch.distributed as dist
+
+    global _store
+    default = dist.distributed_c10d._get_default_store()
+    if rank == 0:
+        _store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        default.set("polydist/ft/manager_store", str(_store.port))
+        return host, _store.port
+    return host, int(default.get("polydist/ft/manager_store"))
 
 
 def _meet(replica: int, replicas: int, wait: bool) -> None:

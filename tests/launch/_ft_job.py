@@ -4,7 +4,8 @@
 
 Replica group REPLICA, on its first start only, meets its fault at step
 STEP: ``kill`` (SIGKILL to itself), ``stop`` (SIGSTOP to itself: frozen) and
-``hang`` (sleeps, alive and heartbeating, for ever) just before backward, so
+``hang`` (sleeps, alive and heartbeating, for ever) and ``drop`` (sets this host's link, ``$FT_LINK``, down
+for ``$FT_DROP_S`` seconds: a multi-node job in network namespaces) just before backward, so
 that the others wait for it in the step's gradient all-reduce; ``raise`` (a
 RuntimeError) after backward, between the all-reduce and the commit vote. Each start prints ``start: replica R incarnation I
 pid P threads T`` (T: its intra-op threads), so a test can tell that the survivors were never restarted; each
@@ -14,6 +15,7 @@ discarded step prints ``discarded: step S`` on that replica group. In replica gr
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -32,6 +34,10 @@ def fire(kind: str) -> None:
         raise RuntimeError("injected fault")
     elif kind == "hang":
         time.sleep(3600)
+    elif kind == "drop":  # this host's link down for FT_DROP_S seconds, then up again (a namespace of its own)
+        ifname, seconds = os.environ["FT_LINK"], float(os.environ.get("FT_DROP_S", "4"))
+        subprocess.Popen(["sh", "-c", f"ip link set {ifname} down; sleep {seconds}; ip link set {ifname} up"],
+                         start_new_session=True)  # outlives this rank if the drop ends it
 
 
 def main() -> None:
@@ -46,6 +52,7 @@ def main() -> None:
     model = pdist.auto_model(layers, use_fsdp=pdist.get_world_size() > 1)  # replica groups of several ranks: HSDP
     optimizer = pdist.auto_optim(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     kind, replica, at = (os.environ.get("FT_FAULT") or "none:-1:-1").split(":")
+    fired = False  # once: a fault the rank survives (drop) must not fire again when its step is redone
     while ft.step < steps:
         step = ft.step
         data = torch.Generator().manual_seed(step * 1000 + ft.rank)  # the batch of a step: redone when discarded
@@ -53,6 +60,7 @@ def main() -> None:
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         mine = incarnation == 0 and ft.replica_group == int(replica) and step == int(at) and pdist.get_rank() == 0
+        mine, fired = mine and not fired, fired or mine
         if mine and kind != "raise":
             fire(kind)
         loss.backward()

@@ -208,7 +208,10 @@ def test_on_open_mpi_a_replacement_still_starting_when_the_others_finish_is_told
     [
         (["--backend", "mpi"], "--fault-tolerant on --backend mpi: MPICH"),  # the main venv's MPI: no usable ULFM
         (["--backend", "xla-tpu"], "--fault-tolerant runs on gloo, nccl, mpi, not on --backend xla-tpu"),
-        (["--nnodes", "2", "--node-rank", "0"], "--fault-tolerant runs the replica groups of one node"),
+        (["--nnodes", "2", "--node-rank", "0"], "--fault-tolerant on --nnodes 2 needs --master-addr and --master-port"),
+        (["--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1:29400"], "--fault-tolerant runs a fixed number of nodes"),
+        (["--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1", "--master-port", "29400"],
+         "--node-rank 2 must be between 0 and 1 (--nnodes 2)"),
         (["--replica-group-size", "3"], "--nproc-per-node 2 is not a whole number of replica groups of --replica-group-size 3"),
         (["--min-replicas", "3"], "--min-replicas 3 must be between 1 and the 2 replica group(s)"),
     ],

@@ -138,6 +138,30 @@ def test_the_end_compares_the_replica_groups_states():
     assert not ok
 
 
+def _cut_off_at_step_60(late: bool) -> list:
+    """Replica group 1's link drops in step 60 and comes back: both sides fail the step; 0 goes on without 1;
+    1 takes the live state and is back. ``late``: 1's events reach this node only once its link is up (node 0's
+    view), after 0's recovery; else they come in time order (node 1's own view, where 0's arrive late)."""
+    mine = [ev("failed", 0, 13.1, step=60, error="Timed out waiting 3000ms", since=10.0),
+            quorum(0, 14.0, 60, [0], since=13.2), ev("recovered", 0, 14.1, step=60, lost=1, since=13.1)]
+    theirs = [ev("failed", 1, 13.0, step=60, error="Timed out waiting 3000ms", since=10.0),
+              quorum(1, 17.0, 95, [0, 1], since=16.9), ev("healed", 1, 17.1, step=95, seconds=0.01, bytes=6 * 1024),
+              ev("recovered", 1, 17.2, step=95, lost=1, since=13.0)]
+    return mine + theirs if late else sorted(mine + theirs, key=lambda e: e["t"])
+
+
+@pytest.mark.parametrize("late", [True, False], ids=["node 0's view", "node 1's view"])
+def test_a_replica_group_cut_off_and_back_is_one_fault_and_one_line_when_it_is_back(late):
+    report = Report(2)
+    lines = feed(report, *started(range(2)), quorum(0, 1, 0, [0, 1]), *_cut_off_at_step_60(late))
+    assert lines == [
+        "polydist: fault-tolerant: replica group 1 did not take part in step 60 (Timed out waiting 3000ms); the other "
+        "replica groups went on after 4.10 s, 1 step discarded",
+        "polydist: fault-tolerant: replica group 1 is back at step 95, 7.1 s after it was left out: it received the "
+        "live state (6.0 KiB) in 0.01 s"]
+    assert (report.faults, report.discarded) == (1, 1)
+
+
 def test_a_replacement_stopped_at_the_end_is_not_a_failure():
     report = Report(2)
     feed(report, ev("finished", 0, 9.0, step=100, digest="ab" * 32))

@@ -29,19 +29,23 @@ restart path.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional
+import urllib.parse
+from datetime import timedelta
+from typing import Any, Callable, Optional
 
 from .. import settings
 from ..backends import registry
-from . import fault_tolerant_mpi, ft_events
+from . import fault_tolerant_mpi, ft_events, ft_nodes
 from .ft_report import Report
 
 __all__ = ["refusal", "run", "DEFAULT_MAX_RESTARTS"]
@@ -50,6 +54,9 @@ DEFAULT_MAX_RESTARTS = 3  # replacements per replica group when --max-restarts i
 _POLL_S = 0.1
 _STOP_GRACE_S = 10.0  # SIGTERM -> SIGKILL for agents stopped by the launcher
 _FINISHED_GRACE_S = 60.0  # on MPI, how long mpiexec may take to end once every replica group finished
+_NODES_GRACE_S = 120.0  # on several nodes, how long node 0 waits for the others' end once its own ended
+_JOIN_TIMEOUT = timedelta(seconds=300)  # how long a node's launcher waits for node 0's (torchrun's join timeout: 600)
+_LIGHTHOUSE_KEY = "polydist/ft/lighthouse"
 
 
 def _engine(ns: argparse.Namespace) -> Optional[str]:
@@ -66,13 +73,22 @@ def refusal(ns: argparse.Namespace) -> Optional[str]:
         return (f"--fault-tolerant runs on {', '.join(engines)}, not on --backend {backend}; without it, "
                 "--max-restarts N restarts every rank from the last checkpoint")  # fmt: skip
     if engine == "ulfm":
+        if ns.nnodes != (1, 1) or ns.rdzv_endpoint:
+            return ("--fault-tolerant --backend mpi starts the ranks of one node with mpiexec (no --nnodes, "
+                    "--rdzv-endpoint)")  # fmt: skip
         return fault_tolerant_mpi.refusal(ns)
-    if ns.nnodes != (1, 1) or ns.rdzv_endpoint:
-        return "--fault-tolerant runs the replica groups of one node in this version (no --nnodes, --rdzv-endpoint)"
+    nodes = ns.nnodes[1]
+    if ns.nnodes[0] != nodes or ns.rdzv_endpoint:
+        return ("--fault-tolerant runs a fixed number of nodes (--nnodes N, not MIN:MAX or --rdzv-endpoint): "
+                "replica groups, not nodes, come and go")  # fmt: skip
+    if nodes > 1 and not (ns.master_addr and ns.master_port):
+        return f"--fault-tolerant on --nnodes {nodes} needs --master-addr and --master-port (node 0's address)"
+    if not 0 <= ns.node_rank < nodes:
+        return f"--node-rank {ns.node_rank} must be between 0 and {nodes - 1} (--nnodes {nodes})"
     if ns.replica_group_size < 1 or ns.nproc_per_node % ns.replica_group_size:
         return (f"--nproc-per-node {ns.nproc_per_node} is not a whole number of replica groups of "
                 f"--replica-group-size {ns.replica_group_size}")  # fmt: skip
-    replicas = ns.nproc_per_node // ns.replica_group_size
+    replicas = ns.nproc_per_node // ns.replica_group_size * nodes
     if not 1 <= ns.min_replicas <= replicas:
         return f"--min-replicas {ns.min_replicas} must be between 1 and the {replicas} replica group(s)"
     if importlib.util.find_spec("torchft") is None:  # found, not imported: RUST_LOG is set before its import
@@ -82,8 +98,9 @@ def refusal(ns: argparse.Namespace) -> Optional[str]:
 
 def run(ns: argparse.Namespace, worker: list, trace_dir: str) -> int:
     """Run the job (``worker``: the worker's arguments); returns ``polydist run``'s exit code."""
-    size = ns.replica_group_size
-    replicas = ns.nproc_per_node // size
+    size, nnodes = ns.replica_group_size, ns.nnodes[1]
+    mine = ns.nproc_per_node // size  # this node's replica groups: mine * node_rank ... on
+    replicas = mine * nnodes
     most = ns.max_restarts if getattr(ns, "max_restarts_given", False) else DEFAULT_MAX_RESTARTS
     common = {"NUM_REPLICA_GROUPS": str(replicas), settings.FAULT_TOLERANT.name: "1",
               settings.FT_MIN_REPLICAS.name: str(ns.min_replicas), settings.FT_GROUP_SIZE.name: str(size),
@@ -96,25 +113,86 @@ def run(ns: argparse.Namespace, worker: list, trace_dir: str) -> int:
             return fault_tolerant_mpi.run(ns, worker, env, lambda proc: _supervise(
                 {r: proc for r in range(replicas)}, Report(replicas), ft_events.Reader(events), None, one_job=True))
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at INFO; read at its import
-    import torch.distributed as dist
-
-    from ..backends.torchft.engine import serve_lighthouse
-
-    lighthouse, address = serve_lighthouse("127.0.0.1", ns.min_replicas)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    try:
+        job = _Job.open(ns)
+    except (OSError, RuntimeError, ValueError) as exc:  # node 0 unreachable, an address that is not this node's
+        print(f"polydist run: --fault-tolerant: {exc}", file=sys.stderr, flush=True)
+        return 1
     with tempfile.TemporaryDirectory(prefix="polydist-ft-") as events:
-        env = dict(os.environ, TORCHFT_LIGHTHOUSE=address, **common)
-        env.update({settings.FT_EVENTS.name: events, settings.FT_START.name: f"127.0.0.1:{store.port}"})
-        agents = {r: _start(r, size, most, not ns.no_prefix, worker, env, trace_dir) for r in range(replicas)}
+        env = dict(os.environ, TORCHFT_LIGHTHOUSE=job.lighthouse, **common)
+        env.update({settings.FT_EVENTS.name: events, settings.FT_START.name: job.store_address})
+        first = mine * ns.node_rank
+        agents = {r: _start(r, size, most, not ns.no_prefix, worker, env, trace_dir) for r in range(first, first + mine)}
         try:
-            code = _supervise(agents, Report(replicas), ft_events.Reader(events), store)
+            code = _supervise(agents, Report(replicas), ft_events.Reader(events), job.store, nodes=job.nodes)
         except KeyboardInterrupt:
             _stop(agents.values())
             print("polydist run: interrupted: every replica group stopped", file=sys.stderr, flush=True)
             code = 130
         finally:
-            lighthouse.shutdown()
+            job.close()
     return code
+
+
+class _Job:
+    """What a node's launcher serves or reaches: torchft's lighthouse and the store where the replica groups
+    meet before step 0 (node 0 serves both: on loopback for one node, else at ``--master-addr``), and, on
+    several nodes, the exchange between the nodes' launchers (:mod:`~polydist.launch.ft_nodes`)."""
+
+    def __init__(self, store: Any, store_address: str, lighthouse: str, server: Any = None,
+                 nodes: Optional[ft_nodes.Nodes] = None) -> None:  # fmt: skip
+        self.store, self.store_address, self.lighthouse = store, store_address, lighthouse
+        self._server, self.nodes = server, nodes
+
+    @classmethod
+    def open(cls, ns: argparse.Namespace) -> "_Job":
+        import torch.distributed as dist
+
+        nnodes = ns.nnodes[1]
+        if nnodes == 1:
+            from ..backends.torchft.engine import serve_lighthouse
+
+            server, lighthouse = serve_lighthouse("127.0.0.1", ns.min_replicas)
+            store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            return cls(store, f"127.0.0.1:{store.port}", lighthouse, server)
+        host, port = ns.master_addr, ns.master_port
+        if ns.node_rank == 0:
+            from ..backends.torchft.engine import serve_lighthouse
+
+            server, lighthouse = serve_lighthouse(socket.gethostbyname(host), ns.min_replicas)  # OSError: not ours
+            store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
+            store.set(_LIGHTHOUSE_KEY, lighthouse)
+            return cls(store, f"{host}:{port}", lighthouse, server, ft_nodes.Nodes(0, nnodes, lambda: store))
+        try:
+            store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=_JOIN_TIMEOUT)
+            store.wait([_LIGHTHOUSE_KEY], _JOIN_TIMEOUT)
+            lighthouse = _checked_lighthouse(store.get(_LIGHTHOUSE_KEY))
+        except RuntimeError as exc:  # torch's store raises RuntimeError (DistStoreError) on a timeout
+            raise RuntimeError(f"node 0's launcher did not answer at {host}:{port} within "
+                               f"{_JOIN_TIMEOUT.total_seconds():g} s ({str(exc).splitlines()[0]})") from None
+        store.set_timeout(ft_nodes.CALL_TIMEOUT)
+
+        def connect() -> Any:
+            return dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=ft_nodes.CALL_TIMEOUT)
+
+        return cls(store, f"{host}:{port}", lighthouse, None, ft_nodes.Nodes(ns.node_rank, nnodes, connect))
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+
+
+def _checked_lighthouse(value: bytes) -> str:
+    """The lighthouse's address as node 0 posted it (``http://HOST:PORT``); ValueError for anything else."""
+    text = value[:300].decode("ascii", "replace")
+    parts = urllib.parse.urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or not port or parts.path or len(value) > 300:
+        raise ValueError(f"node 0 posted {text!r} as torchft's lighthouse address, not http://HOST:PORT")
+    return text
 
 
 def _start(replica: int, size: int, most: int, prefix: bool, worker: list, env: dict, trace_dir: str) -> subprocess.Popen:
@@ -125,18 +203,24 @@ def _start(replica: int, size: int, most: int, prefix: bool, worker: list, env: 
     return subprocess.Popen(command, env=dict(env, **{settings.TRACE_DIR.name: folder}))
 
 
-def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: Any, one_job: bool = False) -> int:
+def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: Any, one_job: bool = False,
+               nodes: Optional[ft_nodes.Nodes] = None) -> int:  # fmt: skip
     """Follow the job until every agent ended (``agents``: replica group -> its process; ``one_job``: one process,
-    mpiexec, runs them all, and a replica group finished when it said so); print the report; the exit code."""
+    mpiexec, runs them all, and a replica group finished when it said so; ``nodes``: the other nodes' launchers,
+    on several nodes); print the report; the exit code."""
     exits: dict[int, int] = {}
     finished_at: Optional[float] = None  # one_job: when every replica group had finished or was left behind
 
     def read() -> None:
-        for event in reader.new():
+        mine = reader.new()
+        theirs = nodes.exchange(mine) if nodes is not None else []
+        for event in sorted(mine + theirs, key=lambda e: e["t"]):
             for line in report.feed(event):
                 print(line, file=sys.stderr, flush=True)
-            if store is not None and event["kind"] == "given_up" and not report.started(event["replica"]):
-                store.set(f"started/{event['replica']}", "gone")  # nobody waits for it
+            if store is not None and event["kind"] == "given_up" and not report.started(event["replica"]) \
+                    and event["replica"] in agents:  # fmt: skip
+                with contextlib.suppress(Exception):  # a node cut off from node 0: its replacements start anyway
+                    store.set(f"started/{event['replica']}", "gone")  # nobody waits for it
 
     while len(exits) < len(agents):
         time.sleep(_POLL_S)
@@ -156,7 +240,8 @@ def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: An
             exits = {r: 0 if r in report.finished else 1 for r in agents}
             # a replacement still joining when the others finished was told to leave by them (ft_growth)
             report.stopped.update(r for r, code in exits.items() if code and report.left_behind(r))
-        if not one_job and any(code == 0 for code in exits.values()):
+        others_done = any(code == 0 for code in exits.values()) or any(r not in agents for r in report.finished)
+        if not one_job and others_done:
             doomed = [r for r in agents if r not in exits and r not in report.stopped and report.left_behind(r)]
             if doomed:
                 print(f"polydist: fault-tolerant: the others finished while replica group(s) {', '.join(map(str, doomed))} "
@@ -165,10 +250,34 @@ def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: An
                 report.stopped.update(doomed)
                 _stop([agents[r] for r in doomed])
     read()
+    if nodes is not None:
+        exits = _nodes_end(nodes, exits, read, len(agents))
     lines, ok = report.end(exits)
     for line in lines:
         print(line, file=sys.stderr, flush=True)
     return 0 if ok else 1
+
+
+def _nodes_end(nodes: ft_nodes.Nodes, exits: dict, read: Callable[[], None], mine: int) -> dict:
+    """This node's replica groups have all ended: post their exit codes for node 0. Node 0 then waits for every
+    other node's (up to :data:`_NODES_GRACE_S`, serving the lighthouse and the store meanwhile) and returns the
+    whole job's; a node that never posted counts as failed. The others return their own."""
+    deadline = time.monotonic() + _NODES_GRACE_S
+    while not nodes.post_exits(exits) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    if nodes.node_rank != 0:
+        return exits
+    while nodes.missing() and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+        read()
+    read()
+    everyone = {**nodes.exits(), **exits}
+    for node in nodes.missing():
+        print(f"polydist: fault-tolerant: node {node} did not say how its replica groups ended within "
+              f"{_NODES_GRACE_S:g} s of this node's end (its launcher gone, or cut off): counted as failed",
+              file=sys.stderr, flush=True)  # fmt: skip
+        everyone.update({r: 1 for r in range(node * mine, (node + 1) * mine)})
+    return everyone
 
 
 def _all_done(report: Report, replicas: dict) -> bool:

@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from .. import settings
 
-__all__ = ["KINDS", "record", "Reader"]
+__all__ = ["KINDS", "record", "Reader", "parse"]
 
 # kind -> its fields and their types, besides "kind", "replica" (int) and "t" (float, time.time()).
 KINDS: dict[str, dict[str, tuple]] = {
@@ -107,14 +107,22 @@ class Reader:
                 continue
             end = data.rfind(b"\n") + 1  # a line still being written waits for the next call
             self._offsets[path] = start + end
-            for line in data[:end].splitlines():
-                if len(line) > _MAX_LINE:
-                    continue
-                try:
-                    event = _checked(json.loads(line))
-                except ValueError:
-                    event = None
-                if event is not None:
-                    events.append(event)
+            events += parse(data[:end])
         events.sort(key=lambda e: e["t"])
         return events
+
+
+def parse(data: bytes) -> list[dict]:
+    """The well-formed events in ``data`` (complete JSON lines); a line too long, not JSON or not an event is
+    skipped. Also for the lines another node's launcher sent (:mod:`~polydist.launch.ft_nodes`)."""
+    events = []
+    for line in data.splitlines():
+        if len(line) > _MAX_LINE:
+            continue
+        try:
+            event = _checked(json.loads(line))
+        except ValueError:
+            event = None
+        if event is not None:
+            events.append(event)
+    return events

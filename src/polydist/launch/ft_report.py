@@ -11,13 +11,16 @@ event by event and returns the lines to print:
   committed again (or formed a quorum without it, when no step was in
   flight); whether a replacement is starting;
 * a **rejoin** line when a replacement received the live state: its size,
-  how long that took, and how long after the fault;
+  how long that took, and how long after the fault; likewise when a replica
+  group that was left out but stayed alive (its link dropped, or it hung
+  for a while) is back, having taken the live state;
 * a **given up** line when a replica group's replacements ran out;
 * at the end, whether the replica groups that finished hold the same model
   and optimizer state (their digests), with the totals.
 
-Times are the events' own (``time.time()`` of the process that logged them,
-all on one host).
+Times are the events' own (``time.time()`` of the process that logged them;
+on several nodes, of each node's clock: the nodes' clocks are assumed in
+step, as with NTP).
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ _PREFIX = "polydist: fault-tolerant:"
 def _groups(indices: list) -> str:
     items = sorted(indices)
     return ("replica group " if len(items) == 1 else "replica groups ") + ", ".join(map(str, items))
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 // 10 else f"{n / 2**10:.1f} KiB"
 
 
 @dataclass
@@ -64,6 +71,7 @@ class Report:
         self.given_up: set = set()
         self.stopped: set = set()  # replacements the launcher stopped because the job finished first
         self.rejoined: set = set()  # replica groups whose current incarnation has received the live state
+        self._out: dict[int, float] = {}  # replica group left out of a fault's quorum, alive (cut off, hung) -> since
 
     def started(self, replica: int) -> bool:
         """Whether replica group ``replica`` logged a start."""
@@ -86,6 +94,7 @@ class Report:
         if kind == "started":
             self._incarnation[replica] = event["incarnation"]
             self.rejoined.discard(replica)
+            self._out.pop(replica, None)
         elif kind == "lost":
             self._lost_at[replica] = t
             what = f"{event['how']}: {event['error']}" if event["error"] else event["how"]
@@ -102,6 +111,8 @@ class Report:
             self._open = fault
             return lines
         elif kind == "failed":
+            if replica in self._out:  # the left-out replica group's own view of that fault (a link that came back)
+                return []
             if self._open is None:
                 self._open = _Fault(t0=event["since"])  # the step began then: a hang shows only at its timeout
             fault = self._open
@@ -125,14 +136,18 @@ class Report:
             if fault is not None and replica in fault.failed:
                 return self._resolve(fault, lost=event["lost"], t=t, step=event["step"])
         elif kind == "healed":
+            if replica in self._out:  # alive all along, left out, back: it was behind and took the live state
+                since = t - self._out.pop(replica)
+                return [f"{_PREFIX} {_groups([replica])} is back at step {event['step']}, {since:.1f} s after it was "
+                        f"left out: it received the live state ({_size(event['bytes'])}) in "
+                        f"{event['seconds']:.2f} s"]  # fmt: skip
             if self._incarnation.get(replica, 0) > 0 and replica not in self.rejoined:
                 self.rejoined.add(replica)
                 self._members = sorted(set(self._members) | {replica})  # in the quorum that gave it the state
                 since = t - self._lost_at[replica] if replica in self._lost_at else None
-                mb = event["bytes"] / 2**20
                 after = f", {since:.1f} s after it was lost" if since is not None else ""
                 return [f"{_PREFIX} {_groups([replica])} rejoined at step {event['step']}: its replacement received "
-                        f"the live state ({mb:.1f} MiB) in {event['seconds']:.2f} s{after}"]  # fmt: skip
+                        f"the live state ({_size(event['bytes'])}) in {event['seconds']:.2f} s{after}"]  # fmt: skip
         elif kind == "given_up":
             self.given_up.add(replica)
             what = f"{event['how']}: {event['error']}" if event["error"] else event["how"]
@@ -153,6 +168,7 @@ class Report:
             then = f"; starting its replacement ({fault.replacement})" if fault.replacement else ""
         else:
             missing = sorted(set(range(self.replicas)) - set(self._members))
+            self._out.update({r: fault.t0 for r in missing if r not in self._lost_at or self._lost_at[r] < fault.t0})
             reason = f" ({fault.errors[0]})" if fault.errors else ""
             who = (f"{_groups(missing)} did not take part in step {at}{reason}" if missing
                    else f"step {at} failed{reason}")  # fmt: skip

@@ -9,6 +9,13 @@ What differs from constructing ``torchft.Manager`` by hand, and why:
   on loopback only"). Done by handing ``Manager.__init__`` a
   ``ManagerServer`` factory for the duration of the call
   (:func:`_servers_on`). Upstream: none yet (torchft main binds ``[::]`` too).
+* **Gradients on the same address.** torchft's reconfigurable gloo group
+  builds gloo's default device, which offers the other replica groups the
+  address this host name resolves to (loopback on many hosts, unreachable
+  from another node; a public address on others, though the job is
+  single-node); polydist's :class:`_GlooOn` gives it a device on ``host``.
+  Upstream: none yet (torchft's ``ProcessGroupGloo._create_pg`` takes no
+  device).
 * **Quorum retries.** torchft's default ``quorum_retries=0`` makes one failed
   quorum call (a lighthouse briefly away) kill every replica group after
   the quorum timeout; polydist asks for :data:`QUORUM_RETRIES`.
@@ -32,6 +39,7 @@ from typing import Any, Iterator, Optional
 from unittest import mock
 
 import torchft.manager
+import torchft.process_group
 from torchft import Manager
 from torchft._torchft import LighthouseServer
 from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
@@ -80,6 +88,28 @@ def _servers_on(host: str) -> Iterator[None]:
 
     with mock.patch.object(torchft.manager, "ManagerServer", on_host):
         yield
+
+
+class _GlooOn(ProcessGroupGloo):
+    """torchft's reconfigurable gloo group, its gloo device bound to ``host`` (see the module docstring)."""
+
+    def __init__(self, host: str, timeout: timedelta) -> None:
+        super().__init__(timeout=timeout)
+        self._host = host
+
+    def _create_pg(self, store: Any, rank: int, world_size: int) -> Any:
+        real = torchft.process_group.BaseProcessGroupGloo
+        host = self._host
+
+        def on_host(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
+            options = real._Options()
+            options._timeout = timeout
+            options._devices = [real.create_device(hostname=host)]
+            return real(store, rank, size, options)
+
+        on_host.create_default_device = real.create_default_device  # type: ignore[attr-defined]
+        with mock.patch.object(torchft.process_group, "BaseProcessGroupGloo", on_host):
+            return super()._create_pg(store, rank, world_size)
 
 
 def quiet_logs() -> None:
@@ -132,7 +162,7 @@ def make_manager(
     process votes to commit without asking its server (:class:`_LocalVote`).
     """
     quiet_logs()
-    group: Optional[Any] = ProcessGroupNCCL(timeout=timeout) if cuda else ProcessGroupGloo(timeout=timeout)
+    group: Optional[Any] = ProcessGroupNCCL(timeout=timeout) if cuda else _GlooOn(host, timeout)
     with _servers_on(host):
         manager = Manager(
             pg=group,
