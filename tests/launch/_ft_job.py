@@ -2,6 +2,8 @@
 
     FT_FAULT=KIND:REPLICA:STEP polydist run --fault-tolerant --nproc-per-node N tests/launch/_ft_job.py STEPS
 
+(or ``polydist.spawn(..., fault_tolerant=True)`` of :func:`spawned`, tests/launch/test_ft_spawn.py).
+
 Replica group REPLICA, on its first start only, meets its fault at step
 STEP: ``kill`` (SIGKILL to itself), ``stop`` (SIGSTOP to itself: frozen) and
 ``hang`` (sleeps, alive and heartbeating, for ever) and ``drop`` (sets this host's link, ``$FT_LINK``, down
@@ -41,8 +43,18 @@ def fire(kind: str) -> None:
 
 
 def main() -> None:
-    steps = int(sys.argv[1])
     pdist.initialize()
+    train(int(sys.argv[1]))
+    pdist.finalize()
+
+
+def spawned(local_rank: int, steps: int) -> float:
+    """The job as polydist.spawn(fault_tolerant=True) runs it: ``train``, inside the job spawn joined."""
+    return train(steps)
+
+
+def train(steps: int) -> float:
+    """Train ``steps`` steps in the fault-tolerant job (joined); the sum of this rank's parameters at the end."""
     ft = pdist.fault_tolerance()
     incarnation = pdist.restart_count()
     print(f"start: replica {ft.replica_group} incarnation {incarnation} pid {os.getpid()} "
@@ -70,7 +82,7 @@ def main() -> None:
         if ft.step == step:
             print(f"discarded: step {step}", flush=True)
         time.sleep(0.02)  # a step of some 20 ms, as a small real model's
-    pdist.finalize()
+    return float(sum(p.detach().sum() for p in model.parameters()))
 
 
 if __name__ == "__main__":

@@ -65,15 +65,15 @@ def test_a_node_cut_off_keeps_its_events_and_sends_them_when_the_store_answers_a
     node0, node1 = ft_nodes.Nodes(0, 2, lambda: store), ft_nodes.Nodes(1, 2, connect)
     events = [ev("started", 1, 1.0, incarnation=0), ev("failed", 1, 2.0, step=3, error="e", since=1.5)]
     assert node1.exchange(events[:1]) == [] and node1.exchange(events[1:]) == []
-    assert not node1.post_exits({1: 0})
+    assert not node1.post_exits({1: 0}, set())
     assert node0.exchange([]) == [] and node0.missing() == [1]
     up[0] = True
-    assert node1.post_exits({1: 0})
-    assert node0.exchange([]) == events and node0.missing() == [] and node0.exits() == {1: 0}
+    assert node1.post_exits({1: 0, 3: 143}, {3})
+    assert node0.exchange([]) == events and node0.missing() == [] and node0.exits() == {1: 0, 3: "stopped"}
 
 
 def test_exit_codes_that_are_not_exit_codes_are_dropped(store):
     node0 = ft_nodes.Nodes(0, 3, lambda: store)
-    store.set("polydist/ft/exits/1", json.dumps({"2": 0, "3": True, "x": 1, "4": "1", "5": 143}))
+    store.set("polydist/ft/exits/1", json.dumps({"2": 0, "3": True, "x": 1, "4": "1", "5": 143, "6": "stopped"}))
     store.set("polydist/ft/exits/2", b"\xff not json")
-    assert node0.exits() == {2: 0, 5: 143} and node0.missing() == []
+    assert node0.exits() == {2: 0, 5: 143, 6: "stopped"} and node0.missing() == []

@@ -162,6 +162,17 @@ def test_a_replica_group_cut_off_and_back_is_one_fault_and_one_line_when_it_is_b
     assert (report.faults, report.discarded) == (1, 1)
 
 
+def test_a_replica_group_that_goes_on_alone_after_the_others_finished_is_left_behind():
+    """A replacement that rejoined, fell behind (left out of the last quorums) and trains on in quorums of its own
+    once the others have finished would end with another state: the launcher is told to stop it."""
+    report = Report(3)
+    feed(report, *started(range(3)), quorum(0, 1, 0, [0, 1, 2]), ev("finished", 0, 9.0, step=200, digest="ab" * 32),
+         ev("finished", 2, 9.1, step=200, digest="ab" * 32))
+    assert not report.left_behind(1)
+    feed(report, quorum(1, 9.5, 198, [1]))
+    assert report.left_behind(1) and report._members == [0, 1, 2]
+
+
 def test_a_replacement_stopped_at_the_end_is_not_a_failure():
     report = Report(2)
     feed(report, ev("finished", 0, 9.0, step=100, digest="ab" * 32))

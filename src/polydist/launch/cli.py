@@ -82,7 +82,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="train data-parallel replica groups that survive a lost, frozen or hung one: the others discard the "
         "step in flight and go on, a replacement receives their live state and rejoins (torchft on gloo and nccl; "
         "ULFM on --backend mpi under Open MPI; the program uses auto_model/auto_optim or polydist.fault_tolerance(); "
-        "one line per fault on stderr)",
+        "one line per fault on stderr). On gloo and nccl also on several nodes: one polydist run per node with "
+        "--nnodes N --node-rank R --master-addr A --master-port P, node 0 serving the lighthouse",
     )
     run.add_argument(
         "--replica-group-size",

@@ -4,7 +4,10 @@ The launcher:
 
 1. serves torchft's **lighthouse** (which replica groups take part in each
    step) and a small TCP store where the replica groups meet before step 0,
-   both in this process, on loopback;
+   both in this process, on loopback; on several nodes (``--nnodes N``, one
+   launcher per node) node 0's serves them at ``--master-addr``, and every
+   node's starts its own replica groups and exchanges its fault log with the
+   others (:mod:`~polydist.launch.ft_nodes`);
 2. starts one **agent** per replica group (:mod:`~polydist.launch.replica`,
    PyTorch's elastic agent over the group's ranks), each in a process of its
    own, so that a lost rank takes down its replica group only and the agent
@@ -242,7 +245,8 @@ def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: An
             report.stopped.update(r for r, code in exits.items() if code and report.left_behind(r))
         others_done = any(code == 0 for code in exits.values()) or any(r not in agents for r in report.finished)
         if not one_job and others_done:
-            doomed = [r for r in agents if r not in exits and r not in report.stopped and report.left_behind(r)]
+            doomed = [r for r in agents if r not in exits and r not in report.stopped and r not in report.finished
+                      and report.left_behind(r)]  # fmt: skip
             if doomed:
                 print(f"polydist: fault-tolerant: the others finished while replica group(s) {', '.join(map(str, doomed))} "
                       "had no live state to go on from (a replacement still joining, or left out of the last quorum): "
@@ -251,27 +255,31 @@ def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: An
                 _stop([agents[r] for r in doomed])
     read()
     if nodes is not None:
-        exits = _nodes_end(nodes, exits, read, len(agents))
+        exits = _nodes_end(nodes, exits, report, read, len(agents))
     lines, ok = report.end(exits)
     for line in lines:
         print(line, file=sys.stderr, flush=True)
     return 0 if ok else 1
 
 
-def _nodes_end(nodes: ft_nodes.Nodes, exits: dict, read: Callable[[], None], mine: int) -> dict:
+def _nodes_end(nodes: ft_nodes.Nodes, exits: dict, report: Report, read: Callable[[], None], mine: int) -> dict:
     """This node's replica groups have all ended: post their exit codes for node 0. Node 0 then waits for every
     other node's (up to :data:`_NODES_GRACE_S`, serving the lighthouse and the store meanwhile) and returns the
-    whole job's; a node that never posted counts as failed. The others return their own."""
+    whole job's, adding those the other nodes stopped to ``report.stopped``; a node that never posted counts as
+    failed. The others return their own, with the other nodes' replica groups that logged their end as
+    finished (so that a node whose replica groups were all left behind reports the job's end, not a failure)."""
     deadline = time.monotonic() + _NODES_GRACE_S
-    while not nodes.post_exits(exits) and time.monotonic() < deadline:
+    while not nodes.post_exits(exits, report.stopped) and time.monotonic() < deadline:
         time.sleep(_POLL_S)
     if nodes.node_rank != 0:
-        return exits
+        return {**{r: 0 for r in report.finished}, **exits}
     while nodes.missing() and time.monotonic() < deadline:
         time.sleep(_POLL_S)
         read()
     read()
-    everyone = {**nodes.exits(), **exits}
+    theirs = nodes.exits()
+    report.stopped.update(r for r, code in theirs.items() if code == "stopped")
+    everyone = {**{r: 143 if code == "stopped" else code for r, code in theirs.items()}, **exits}
     for node in nodes.missing():
         print(f"polydist: fault-tolerant: node {node} did not say how its replica groups ended within "
               f"{_NODES_GRACE_S:g} s of this node's end (its launcher gone, or cut off): counted as failed",

@@ -107,17 +107,18 @@ class Nodes:
                 self._offsets[node] = end
         return new
 
-    def post_exits(self, exits: dict) -> bool:
-        """Post this node's ``{replica group: agent exit code}``, once its agents have all ended; whether the
-        store took it (and this node's last events)."""
+    def post_exits(self, exits: dict, stopped: set) -> bool:
+        """Post this node's ``{replica group: agent exit code}`` once its agents have all ended, and those of
+        them its launcher ``stopped`` (left behind when the others finished: no failure); whether the store
+        took it (and this node's last events)."""
         self.exchange([])
         if self._pending:
             return False
-        text = json.dumps({str(r): code for r, code in exits.items()})
+        text = json.dumps({str(r): "stopped" if r in stopped else code for r, code in exits.items()})
         return self._call(lambda s: s.set(_exits_key(self.node_rank), text))[0]
 
     def exits(self) -> dict:
-        """``{replica group: agent exit code}`` of the other nodes that posted theirs so far."""
+        """``{replica group: agent exit code, or "stopped"}`` of the other nodes that posted theirs so far."""
         for node in self._offsets:
             if node in self._exits:
                 continue
@@ -133,7 +134,8 @@ class Nodes:
 
 
 def _checked_exits(text: bytes) -> dict:
-    """``{replica group: exit code}`` from another node's post; what is not one (hostile or broken) is dropped."""
+    """``{replica group: exit code or "stopped"}`` from another node's post; what is not one (hostile or
+    broken) is dropped."""
     try:
         posted = json.loads(text[:65536])
     except ValueError:
@@ -142,6 +144,7 @@ def _checked_exits(text: bytes) -> dict:
         return {}
     out = {}
     for key, code in posted.items():
-        if isinstance(key, str) and key.isdigit() and isinstance(code, int) and not isinstance(code, bool):
+        if isinstance(key, str) and key.isdigit() and (code == "stopped" or isinstance(code, int) and not
+                                                        isinstance(code, bool)):  # fmt: skip
             out[int(key)] = code
     return out

@@ -72,6 +72,7 @@ class Report:
         self.stopped: set = set()  # replacements the launcher stopped because the job finished first
         self.rejoined: set = set()  # replica groups whose current incarnation has received the live state
         self._out: dict[int, float] = {}  # replica group left out of a fault's quorum, alive (cut off, hung) -> since
+        self._alone: set = set()  # replica groups that went on in a quorum of their own after others had finished
 
     def started(self, replica: int) -> bool:
         """Whether replica group ``replica`` logged a start."""
@@ -84,9 +85,9 @@ class Report:
 
     def left_behind(self, replica: int) -> bool:
         """Whether ``replica`` can no longer finish with the others: a replacement that has not received the
-        live state, or a replica group left out of the last quorum (hung); once the others have finished,
-        nobody is left to give it the state."""
-        return self.replacing(replica) or (self._quorums > 0 and replica not in self._members)
+        live state, or a replica group left out of the last quorum (hung), or one that went on in a quorum
+        without those that finished; once the others have finished, nobody is left to give it the state."""
+        return self.replacing(replica) or (self._quorums > 0 and replica not in self._members) or replica in self._alone
 
     def feed(self, event: dict) -> list:
         """The lines ``event`` completes (often none)."""
@@ -122,7 +123,10 @@ class Report:
             if event["error"]:
                 fault.errors.append(event["error"])
         elif kind == "quorum":
-            if self.replacing(replica):  # a replacement's own first quorum, alone or joining: not the job's
+            if self.replacing(replica) or replica in self._out:  # a replacement's own first quorum, alone or
+                return []  # joining, or one of a replica group cut off from the others: not the job's
+            if self.finished and not set(event["members"]) & set(self.finished):  # behind, and the others are done:
+                self._alone.add(replica)  # it would train on alone and end with another state
                 return []
             left = sorted(set(self._members) - set(event["members"])) if self._quorums else []
             self._members, self._quorums = event["members"], self._quorums + 1

@@ -64,7 +64,10 @@ def spawn(
     master_port: Optional[int] = None,
     init_method: Optional[str] = None,
     timeout: Optional[float] = None,
-    max_restarts: int = 0,
+    max_restarts: Optional[int] = None,
+    fault_tolerant: bool = False,
+    replica_group_size: int = 1,
+    min_replicas: int = 1,
 ) -> list:
     """Start ``nproc_per_node`` processes on this node, each calling
     ``fn(local_rank, *args, **kwargs_dict)`` inside an initialized job.
@@ -90,7 +93,21 @@ def spawn(
             as ``torchrun --max-restarts``). Each restart is announced on
             stderr with the failed rank and its traceback; ``fn`` runs again
             from the start and reads :func:`polydist.restart_count`
-            (resume with :class:`polydist.Checkpointer`). 0: fail at once.
+            (resume with :class:`polydist.Checkpointer`). None or 0: fail at
+            once. With ``fault_tolerant``: replacements per replica group
+            (None: 3).
+        fault_tolerant: the processes are replica groups that survive a lost
+            one, as under ``polydist run --fault-tolerant`` (gloo, nccl: the
+            "Surviving failures" how-to): the others discard the step in
+            flight and go on, a replacement receives their live state. ``fn``
+            trains with :func:`polydist.auto_model`/:func:`polydist.auto_optim`
+            (or :func:`polydist.fault_tolerance`); the launcher prints one line
+            per fault on stderr. A replica group that did not finish (stopped
+            when the others had) returns None.
+        replica_group_size: with ``fault_tolerant``: processes per replica
+            group (``nproc_per_node`` a multiple of it; FSDP2 inside each).
+        min_replicas: with ``fault_tolerant``: fewest replica groups a step
+            commits with.
 
     Returns:
         The return values of ``fn`` on this node, by local rank.
@@ -106,7 +123,9 @@ def spawn(
         ValueError: an unknown or unavailable ``backend`` (e.g. "horovod",
             "nccl" without CUDA), bad sizes or ``max_restarts``, multi-node without master
             address/port, or "mpi" on more than one process (MPI cannot see
-            the processes spawn starts) — all before any process starts.
+            the processes spawn starts), ``fault_tolerant`` where it cannot
+            run (the backend, the sizes, no torchft) — all before any process
+            starts.
 
     With backend "xla-tpu" the processes are torch_xla's: ``xmp.spawn``
     starts them (``nproc_per_node`` 1: this process; otherwise one per XLA
@@ -123,6 +142,15 @@ def spawn(
     """
     resolved = registry.resolve(backend)  # an unknown or unavailable backend fails here, before any process starts
     init = {"init_method": init_method, "timeout": timeout}
+    if fault_tolerant:
+        from .ft_spawn import spawn_fault_tolerant
+
+        return spawn_fault_tolerant(
+            backend, fn, tuple(args), dict(kwargs_dict or {}), nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+            master_addr=master_addr, master_port=master_port, init=init, max_restarts=max_restarts,
+            replica_group_size=replica_group_size, min_replicas=min_replicas,
+        )  # fmt: skip
+    max_restarts = max_restarts or 0
     lifecycle = registry.get(resolved).lifecycle
     if lifecycle.starts_processes:  # the backend's own launcher (xla-tpu: torch_xla's xmp.spawn; horovod: horovod.run)
         if max_restarts:
