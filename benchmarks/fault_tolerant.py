@@ -201,8 +201,14 @@ def figures(job: Job, path: str, kind: Optional[str], rank: int, injected: Optio
         if rejoin is not None and injected is not None:
             row["rejoin_s"] = round(rejoin.t - injected, 3)
         return row
+    return restart_figures(row, lines, injected)
+
+
+def restart_figures(row: dict, lines: list, injected: Optional[float]) -> dict:
+    """``row`` with the restart path's figures from its job's ``lines``: identical parameters, and the "restart 1
+    of 1" (``detect_s``) and "resuming from" (``recover_s``) lines' times after ``injected``."""
     row["identical"] = any(IDENTICAL.search(ln.text) for ln in lines)
-    announced = next((ln for ln in err if RESTART.match(ln.text)), None)
+    announced = next((ln for ln in lines if ln.stream == "err" and RESTART.match(ln.text)), None)
     resumed = next((ln for ln in lines if RESUMED.search(ln.text)), None)
     if injected is not None and announced is not None:
         row["detect_s"] = round(announced.t - injected, 3)
