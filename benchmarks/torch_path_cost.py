@@ -71,11 +71,11 @@ def _time_rows(fns: dict, iters: dict, blocks: int, warmup: int, barrier: Callab
 def _recording() -> tuple:
     """Where the groups call the record's two functions, and the Python versions of both (the "/py/" rows and
     pieces put those in place of the compiled ones, polydist.collectives._record)."""
-    from polydist.backends import python_group, work
+    from polydist.backends import lane, python_group
     from polydist.backends.mpi4py import process_group
     from polydist.collectives import recorder
 
-    return ((python_group, "record_op"), (process_group, "run_recorded")), (recorder._record_op, work._run_recorded)
+    return ((python_group, "record_op"), (process_group, "run_recorded")), (recorder._record_op, lane._run_recorded)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -182,7 +182,7 @@ def pieces(args: argparse.Namespace) -> dict:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from polydist.backends import work
+    from polydist.backends import lane
     from polydist.backends.python_group import PythonProcessGroup
     from polydist.backends.work import LaneWork, profiling
     from polydist.collectives import recorder
@@ -202,7 +202,7 @@ def pieces(args: argparse.Namespace) -> dict:
     nothing = lambda: None  # noqa: E731
     record, _ = group._begin("all_reduce", [t], None, None, False)
     ring, tag = recorder.Recorder(True, 2000), group._tag
-    implementations: tuple = ({"Python": recorder._record_op}, {"Python": work._run_recorded})
+    implementations: tuple = ({"Python": recorder._record_op}, {"Python": lane._run_recorded})
     if recorder.COMPILED is not None:
         implementations[0]["compiled"], implementations[1]["compiled"] = (recorder.COMPILED.record_op,
                                                                           recorder.COMPILED.run_recorded)

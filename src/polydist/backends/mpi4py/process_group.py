@@ -20,7 +20,7 @@ How operations map onto MPI:
 * Collectives are MPI's blocking collectives on the group's own communicator
   (a ``Dup`` of ``COMM_WORLD`` for the world, ``Create_group`` for a
   subgroup), run in call order on the communicator's worker thread
-  (:class:`~polydist.backends.work.Lane`, PyTorch's ``ProcessGroupMPI``
+  (:class:`~polydist.backends.lane.Lane`, PyTorch's ``ProcessGroupMPI``
   design): ``async_op=True`` returns pending work at once, its future
   completes without ``wait()``, and DDP overlaps gradient all-reduces with
   the backward pass. A blocking call that finds nothing queued runs inline.
@@ -65,10 +65,12 @@ from . import _mpi
 from .pieces import MPIPieces
 from ...collectives.recorder import RECORDER
 from .. import dispatch
-from ..python_group import PythonProcessGroup, opt
+from ..group_checks import opt
+from ..lane import run_recorded
+from ..python_group import PythonProcessGroup
 from ..tensors import Contiguous, apart, own_slot
 from ..watchdog import WATCHDOG
-from ..work import LaneWork, StatusRequest, profiling, request_work, run_recorded
+from ..work import LaneWork, StatusRequest, profiling, request_work
 
 __all__ = ["MPIProcessGroup", "LEAN"]
 
