@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..collectives.recorder import RECORDER, RES, SEQ, record_op
+from . import dispatch
 from .direct import DirectProcessGroup
 from .group_checks import opt
 from .group_operations import GroupOperations
@@ -38,7 +39,12 @@ class PythonProcessGroup(GroupOperations, DirectProcessGroup):
         self._group_name = ""
         self._seq = 0  # operations started on this group, whoever called them: the same count on every member
         self._tag = GroupTag(tuple(range(size)), rank, seconds(None))
+        self._dispatch_backend = None  # its Backend for torch's dispatcher, once registered (dispatch.for_torch)
         WATCHDOG.watch(self)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dispatch.install_doors(cls)  # a subclass's own operations of torch's names take the dispatcher when watched
 
     def _configure(self, global_ranks: Optional[Sequence[int]], timeout: Optional[timedelta]) -> None:
         """Set the group's global ranks (None or empty: the world) and timeout (None: torch's default), which its
@@ -171,3 +177,6 @@ class NoPointToPoint:
 
     def recv_anysource(self, tensors: list, tag: int) -> LaneWork:
         return self._no_p2p("recv")
+
+
+dispatch.install_doors(PythonProcessGroup)  # the operations of torch's names it has from GroupOperations
