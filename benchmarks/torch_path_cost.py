@@ -289,11 +289,11 @@ def main() -> None:
     )  # fmt: skip
     rows = data["rows"]
     lines = [
-        f"# torch.distributed on polydist's mpi group: cost per call ({data['when']}, {data['cpus']} CPUs, "
-        f"load average {data['load_before'][0]:.1f} before, {data['load_after'][0]:.1f} after)",
-        "",
         f"Command: `{data['command']}`; {args.ranks} rank(s) under mpiexec; median over {args.blocks} interleaved blocks "
         "(a block: the slower rank's time).",
+        "",
+        f"# torch.distributed on polydist's mpi group: cost per call ({data['when']}, {data['cpus']} CPUs, "
+        f"load average {data['load_before'][0]:.1f} before, {data['load_after'][0]:.1f} after)",
         "",
         "| call | size | µs per call | x raw mpi4py |",
         "|---|---|---|---|",
