@@ -13,8 +13,8 @@ is the maximum over the ranks; a row reports the median over its blocks, per cal
 * 8 B (a 2-element float32 tensor): raw ``mpi4py`` ``COMM_WORLD.Allreduce`` on NumPy arrays (the floor),
   ``polydist.all_reduce``, ``torch.distributed.all_reduce`` on the ``mpi`` group with the flight recorder
   and the watchdog on (the default) and off (``POLYDIST_TRACE=0``'s switch and the watchdog's), on a group of
-  the same ranks made with ``POLYDIST_DISPATCH=0`` (the Python group as the ProcessGroup, past torch's
-  dispatcher, as before issue 52), and on with
+  the same ranks made with ``POLYDIST_DISPATCH=0`` (no Backend for torch's dispatcher, as before issue 52),
+  and on with
   the record made by the Python functions instead of the compiled ones (``polydist.collectives._record``,
   where it was built);
 * 16 MiB (float32): raw ``mpi4py`` and ``torch.distributed.all_reduce`` on and off;
@@ -28,7 +28,8 @@ is the maximum over the ranks; a row reports the median over its blocks, per cal
   ``torch.distributed.all_reduce`` on torch's ``fake`` backend (torch's own dispatch to a C++ backend,
   the floor of any torch-level call), and the ``mpi`` group over ``COMM_SELF`` (one process: MPI without
   a peer, so no other rank's scheduling) next to raw ``COMM_SELF.Allreduce``: the group's own cost per
-  call, steadier on a loaded machine than the 2-rank rows.
+  call, steadier on a loaded machine than the 2-rank rows; also through torch's dispatcher, the path a call
+  takes while a tool (``CommDebugMode``, the profiler) watches it.
 
 The ratio column divides by the raw mpi4py row of the same size. The machine's load average is recorded:
 figures from a loaded machine are higher and noisier than from a quiet one.
@@ -71,11 +72,11 @@ def _time_rows(fns: dict, iters: dict, blocks: int, warmup: int, barrier: Callab
 def _recording() -> tuple:
     """Where the groups call the record's two functions, and the Python versions of both (the "/py/" rows and
     pieces put those in place of the compiled ones, polydist.collectives._record)."""
-    from polydist.backends import python_group, work
+    from polydist.backends import lane, python_group
     from polydist.backends.mpi4py import process_group
     from polydist.collectives import recorder
 
-    return ((python_group, "record_op"), (process_group, "run_recorded")), (recorder._record_op, work._run_recorded)
+    return ((python_group, "record_op"), (process_group, "run_recorded")), (recorder._record_op, lane._run_recorded)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -92,8 +93,8 @@ def child(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    # the same ranks' group made as before issue 52 (POLYDIST_DISPATCH=0): the Python group is the ProcessGroup,
-    # past torch's dispatcher, as where polydist.backends._dispatch is not built
+    # the same ranks' group made as before issue 52 (POLYDIST_DISPATCH=0): no Backend for torch's dispatcher, as
+    # where polydist.backends._dispatch is not built
     os.environ["POLYDIST_DISPATCH"] = "0"
     beside = dist.new_group(list(range(comm.Get_size())))
     del os.environ["POLYDIST_DISPATCH"]
@@ -182,7 +183,7 @@ def pieces(args: argparse.Namespace) -> dict:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from polydist.backends import work
+    from polydist.backends import lane
     from polydist.backends.python_group import PythonProcessGroup
     from polydist.backends.work import LaneWork, profiling
     from polydist.collectives import recorder
@@ -202,7 +203,7 @@ def pieces(args: argparse.Namespace) -> dict:
     nothing = lambda: None  # noqa: E731
     record, _ = group._begin("all_reduce", [t], None, None, False)
     ring, tag = recorder.Recorder(True, 2000), group._tag
-    implementations: tuple = ({"Python": recorder._record_op}, {"Python": work._run_recorded})
+    implementations: tuple = ({"Python": recorder._record_op}, {"Python": lane._run_recorded})
     if recorder.COMPILED is not None:
         implementations[0]["compiled"], implementations[1]["compiled"] = (recorder.COMPILED.record_op,
                                                                           recorder.COMPILED.run_recorded)
@@ -217,11 +218,7 @@ def pieces(args: argparse.Namespace) -> dict:
     alone = MPIProcessGroup(MPI.COMM_SELF, 0, 1, "mpi")  # the mpi group over one process: MPI without a peer
     alone.allreduce([t], dist.AllreduceOptions()).wait()  # the group learns the plan of (float32, SUM)
     a, b = np.ones(2, dtype=np.float32), np.empty(2, dtype=np.float32)
-    behind = None  # the same group behind a torch-made ProcessGroup (the default where _dispatch is built)
-    if dispatch.dispatched():
-        behind = dist.ProcessGroup(FakeStore(), 0, 1)
-        behind._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, alone.for_torch())
-        behind._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
+    alone.for_torch()  # its Backend for torch's dispatcher registered, as a creator gives it to torch
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)  # torch's C++ dispatch, no transport
     # the same call made after 2,000 lines of a function (a long training script's main()), which are not run
     body = "".join(f"        print({i})\n" for i in range(2000))
@@ -251,10 +248,9 @@ def pieces(args: argparse.Namespace) -> dict:
         **({"the same, the Python group's all_reduce": lambda: alone._allreduce_python([t], opts).wait()}
            if LEAN is not None else {}),
         "mpi group over COMM_SELF: torch.distributed.all_reduce, 8 B": lambda: dist.all_reduce(t, group=alone),
-        **({"mpi group over COMM_SELF behind torch's dispatcher: allreduce([t], opts).wait(), 8 B":
-            lambda: behind.allreduce([t], opts).wait(),
-            "the same: torch.distributed.all_reduce, 8 B": lambda: dist.all_reduce(t, group=behind)}
-           if behind is not None else {}),
+        **({"mpi group over COMM_SELF through torch's dispatcher (a watched call's path), allreduce, 8 B":
+            lambda: dispatch.DISPATCH.allreduce(alone, [t], opts).wait()}
+           if alone._dispatch_backend is not None else {}),
     }
     got = _time_rows(fns, {k: args.iters for k in fns}, args.blocks, args.warmup, lambda: None)
     dist.destroy_process_group()
@@ -293,11 +289,11 @@ def main() -> None:
     )  # fmt: skip
     rows = data["rows"]
     lines = [
-        f"# torch.distributed on polydist's mpi group: cost per call ({data['when']}, {data['cpus']} CPUs, "
-        f"load average {data['load_before'][0]:.1f} before, {data['load_after'][0]:.1f} after)",
-        "",
         f"Command: `{data['command']}`; {args.ranks} rank(s) under mpiexec; median over {args.blocks} interleaved blocks "
         "(a block: the slower rank's time).",
+        "",
+        f"# torch.distributed on polydist's mpi group: cost per call ({data['when']}, {data['cpus']} CPUs, "
+        f"load average {data['load_before'][0]:.1f} before, {data['load_after'][0]:.1f} after)",
         "",
         "| call | size | µs per call | x raw mpi4py |",
         "|---|---|---|---|",
@@ -307,8 +303,8 @@ def main() -> None:
         "mpi4py-ag": "raw mpi4py COMM_WORLD.Allgather (floor)",
         "dist-ag/on": "torch.distributed.all_gather_single (the general path), recording + watchdog on",
         "dist/on": "torch.distributed.all_reduce, recording + watchdog on",
-        "dist/beside": "torch.distributed.all_reduce, recording + watchdog on, the Python group as the ProcessGroup "
-                       "(past torch's dispatcher: POLYDIST_DISPATCH=0, or _dispatch not built)",
+        "dist/beside": "torch.distributed.all_reduce, recording + watchdog on, a group without its Backend for "
+                       "torch's dispatcher (POLYDIST_DISPATCH=0, or _dispatch not built)",
         "dist/off": "torch.distributed.all_reduce, recording + watchdog off",
         "dist/group-py": "torch.distributed.all_reduce, recording + watchdog on, the Python group's all_reduce",
         "dist/py": "torch.distributed.all_reduce, recording + watchdog on, nothing compiled (Python group, Python record)",

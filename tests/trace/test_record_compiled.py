@@ -1,7 +1,7 @@
 """The flight recorder's per-call path in C (``polydist.collectives._record``) makes the records Python makes.
 
 Each behaviour is checked on every implementation this machine has: the Python functions
-(``recorder._record_op``, ``work._run_recorded``), and the compiled ones, with the caller found by reading the
+(``recorder._record_op``, ``lane._run_recorded``), and the compiled ones, with the caller found by reading the
 interpreter's frames (CPython 3.11) and through the public frame API. One process, no communication.
 """
 
@@ -16,8 +16,8 @@ import sysconfig
 import pytest
 import torch
 
-from polydist.backends import work
-from polydist.backends.work import Lane
+from polydist.backends import lane as lanes
+from polydist.backends.lane import Lane
 from polydist.collectives import recorder
 from polydist.collectives.recorder import Recorder, as_dict
 
@@ -42,7 +42,7 @@ def impl(request):
     """``(record_op, run_recorded)`` of one implementation."""
     kind, public = request.param
     if kind == "python":
-        yield recorder._record_op, work._run_recorded
+        yield recorder._record_op, lanes._run_recorded
         return
     if COMPILED is None:
         pytest.skip("polydist.collectives._record was not built here")
@@ -61,7 +61,7 @@ def test_the_compiled_path_is_built_where_a_c_compiler_is():
     if shutil.which(sysconfig.get_config_var("CC").split()[0]) is None:
         pytest.skip("no C compiler here: polydist runs the Python path")
     assert COMPILED is not None, "polydist.collectives._record is missing or stale: run pip install -e ."
-    assert recorder.record_op is COMPILED.record_op and work.run_recorded is COMPILED.run_recorded
+    assert recorder.record_op is COMPILED.record_op and lanes.run_recorded is COMPILED.run_recorded
 
 
 def _library_frames():

@@ -1,4 +1,4 @@
-"""The mpi4py backend's work lane (``backends/work.py``), without MPI: order, errors, futures, timeouts."""
+"""The work lane (``backends/lane.py``) and its handles (``backends/work.py``), without MPI: order, errors, futures, timeouts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from polydist.backends.work import Lane
+from polydist.backends.lane import Lane
 
 pytestmark = pytest.mark.timeout(60)
 

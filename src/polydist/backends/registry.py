@@ -102,7 +102,7 @@ class Backend:
 
     def moves_direct(self, group: Any) -> bool:
         """Whether polydist's collectives call the direct calls of ``group``'s Python group (:attr:`mover`; the group
-        itself, or the one torch made it over: :func:`~polydist.backends.dispatch.behind`), not torch.distributed's.
+        itself: :func:`~polydist.backends.dispatch.behind`), not torch.distributed's.
 
         Asked once per group and world (:class:`polydist.groups.Resolved`). Raises ``TypeError`` where the
         entry declares :data:`DIRECT` for a group that has no direct calls.

@@ -7,7 +7,7 @@ polydist, DDP, FSDP2 or the user through ``torch.distributed`` — carries its
 group's timeout (``init_process_group(timeout=)``, ``new_group(timeout=)``,
 ``polydist.initialize``'s; torch's default, 30 minutes, otherwise). The
 operation's flight-recorder record (:mod:`polydist.collectives.recorder`) is
-what the watchdog reads: a group's :class:`~polydist.backends.work.Lane`
+what the watchdog reads: a group's :class:`~polydist.backends.lane.Lane`
 shows the record it is running and since when, so the hot path pays for
 nothing beyond the record itself.
 

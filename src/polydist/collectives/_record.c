@@ -1,5 +1,5 @@
 /* The flight recorder's per-call path, compiled: what polydist/collectives/recorder.py's record_op and
- * polydist/backends/work.py's run_recorded do, record for record, at a fraction of the interpreter's cost.
+ * polydist/backends/lane.py's run_recorded do, record for record, at a fraction of the interpreter's cost.
  *
  * Optional: setup.py builds it where a C compiler is found (CPython 3.11+), and polydist uses the Python
  * functions otherwise. tests/trace/test_record_compiled.py checks that both make the same records.
@@ -584,7 +584,7 @@ static PyObject *configure(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
-/* configure_lane(lane_type): polydist.backends.work.Lane, whose current and since run_recorded sets */
+/* configure_lane(lane_type): polydist.backends.lane.Lane, whose current and since run_recorded sets */
 static PyObject *configure_lane(PyObject *module, PyObject *type) {
     if (!PyType_Check(type)) {
         PyErr_SetString(PyExc_TypeError, "configure_lane: the lane type must be a type");
@@ -612,7 +612,7 @@ static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL,
      "configure(tensor_type, many, tensors_of, classify, started, completed, recorder_type, size_type): the "
      "objects of polydist.collectives.recorder it works with."},
-    {"configure_lane", configure_lane, METH_O, "configure_lane(lane_type): polydist.backends.work.Lane."},
+    {"configure_lane", configure_lane, METH_O, "configure_lane(lane_type): polydist.backends.lane.Lane."},
     {"record_op", (PyCFunction)(void (*)(void))record_op, METH_FASTCALL,
      "record_op(recorder, res, name, seq, op, root, x, async_op, ring) -> record: recorder.record_op, compiled."},
     {"run_recorded", (PyCFunction)(void (*)(void))run_recorded, METH_FASTCALL,

@@ -216,7 +216,7 @@ def comms_profile(group: GroupLike = None, *, show: bool = True) -> CommsProfile
 
 
 def _count(res: Any) -> int:
-    """The number the group's next recorded call follows: a Python group (also behind a torch-made ProcessGroup)
+    """The number the group's next recorded call follows: a Python group
     numbers its records with its own count of operations, whoever called them (polydist.backends.python_group);
     other groups with polydist's."""
     group = dispatch.behind(res.pg if res.pg is not None else _torch.default_pg())

@@ -41,7 +41,7 @@ tensors, which are copied into the outputs after the exchange has read the
 inputs, so no op needs a copy of its own for that.
 
 Operations run in call order on one worker thread per group
-(:class:`~polydist.backends.work.Lane`), so ``async_op=True`` returns at once
+(:class:`~polydist.backends.lane.Lane`), so ``async_op=True`` returns at once
 and a future completes without ``wait()`` (DDP overlaps its gradient
 all-reduces with the backward pass); each Horovod operation gets a unique
 name from the group's counter, which is how Horovod matches the ranks' calls.
@@ -59,7 +59,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ...ops import check_op_dtype, resolve_op
-from ..python_group import NoPointToPoint, PythonProcessGroup, check_cpu
+from ..group_checks import check_cpu
+from ..python_group import NoPointToPoint, PythonProcessGroup
 from ..tensors import bytes_of, reduce_rows
 
 __all__ = ["HorovodProcessGroup", "BACKEND_NAME"]

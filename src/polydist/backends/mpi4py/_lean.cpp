@@ -5,12 +5,14 @@
 // uses the Python group otherwise. LeanGroup is a torch ProcessGroup (a subclass of torch's own trampoline,
 // PyProcessGroup, so every other operation still reaches the Python group's methods) whose allreduce takes the
 // common blocking call itself: one contiguous CPU tensor of a (dtype, op) the group has reduced before (the plan
-// process_group.py's _reduce_plan learns, as _mpi.PLANS), nothing queued on the group's lane, no profiler, no
-// polydist call's record open. It records and watches the call as the Python lean path does (the compiled
+// process_group.py's _reduce_plan learns, as _mpi.PLANS), nothing queued on the group's lane, no profiler or
+// dispatch mode watching torch's dispatcher (the call then takes it: backends/dispatch.py), no polydist call's record
+// open. It records and watches the call as the Python lean path does (the compiled
 // recorder's run_recorded, polydist/collectives/_record.c) and calls the MPI library's MPI_Allreduce, whose address
 // and handles mpi4py gives (so any MPI ABI: int handles as MPICH's, pointers as Open MPI's), the GIL released while
 // MPI runs. Anything else is the Python group's own allreduce (_allreduce_python), unchanged.
 // tests/backends/mpi4py/test_lean.py holds both to the same results and records, and checks the error path.
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/autograd/python_variable.h>
 #if __has_include(<torch/csrc/distributed/c10d/PyProcessGroup.hpp>)
 #include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
@@ -117,7 +119,7 @@ PyObject* lean(uintptr_t comm, int size, PyObject* self, PyObject* x, PyObject* 
   if (!lane)
     return nullptr;
   int busy = truthy(lane.ptr(), s_pending);  // operations queued on the lane go first: take the lane
-  if (busy != 0)
+  if (busy != 0 || c10::impl::TorchDispatchModeTLS::stack_len() > 0)  // a dispatch mode watches: the dispatcher's op
     return nullptr;
   PyObject* on = PyObject_CallNoArgs(profiling);  // the profiler's events come from the lane's path
   if (on == nullptr)

@@ -1,8 +1,8 @@
 """mpi4py on demand, and what the MPI process group is built from (internal).
 
 MPI datatypes and ops for torch dtypes and reduce ops, and tensors as MPI
-buffers by address (the work handles live in
-:mod:`~polydist.backends.work`). ``mpi4py.MPI`` is
+buffers by address (the work handles live in :mod:`~polydist.backends.work`,
+the lanes that run them in :mod:`~polydist.backends.lane`). ``mpi4py.MPI`` is
 imported on the first call of :func:`mpi` only, because importing it
 initializes MPI.
 """
@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from ...ops import check_op_dtype, resolve_op
-from ..work import stop_threads
+from ..lane import stop_threads
 
 BACKEND_NAME = "mpi4py"
 

@@ -20,7 +20,7 @@ How operations map onto MPI:
 * Collectives are MPI's blocking collectives on the group's own communicator
   (a ``Dup`` of ``COMM_WORLD`` for the world, ``Create_group`` for a
   subgroup), run in call order on the communicator's worker thread
-  (:class:`~polydist.backends.work.Lane`, PyTorch's ``ProcessGroupMPI``
+  (:class:`~polydist.backends.lane.Lane`, PyTorch's ``ProcessGroupMPI``
   design): ``async_op=True`` returns pending work at once, its future
   completes without ``wait()``, and DDP overlaps gradient all-reduces with
   the backward pass. A blocking call that finds nothing queued runs inline.
@@ -65,10 +65,12 @@ from . import _mpi
 from .pieces import MPIPieces
 from ...collectives.recorder import RECORDER
 from .. import dispatch
-from ..python_group import PythonProcessGroup, opt
+from ..group_checks import opt
+from ..lane import run_recorded
+from ..python_group import PythonProcessGroup
 from ..tensors import Contiguous, apart, own_slot
 from ..watchdog import WATCHDOG
-from ..work import LaneWork, StatusRequest, profiling, request_work, run_recorded
+from ..work import LaneWork, StatusRequest, profiling, request_work
 
 __all__ = ["MPIProcessGroup", "LEAN"]
 
@@ -122,11 +124,11 @@ class MPIProcessGroup(MPIPieces, PythonProcessGroup, *(() if LEAN is None else (
     def __repr__(self) -> str:
         return f"<MPIProcessGroup {self._backend} rank={self._rank} size={self._size}>"
 
-    def for_torch(self) -> Any:
-        """What a creator gives torch: a Backend forwarding to this group, behind which torch makes the ProcessGroup
-        (:func:`~polydist.backends.dispatch.backend_for`, the compiled all_reduce plugged in), or this group itself."""
+    def for_torch(self) -> "MPIProcessGroup":
+        """What a creator gives torch: this group, with its Backend for torch's dispatcher registered where built
+        (:func:`~polydist.backends.dispatch.for_torch`, the compiled all_reduce plugged in)."""
         fast = None if LEAN is None or self.comm is None else (LEAN.ALLREDUCE, _handle(self.comm), self._size)
-        return dispatch.backend_for(self, self._backend, fast)
+        return dispatch.for_torch(self, self._backend, fast)
 
     def _cannot_cancel(self) -> str:
         return "A blocked MPI collective cannot be cancelled: MPI_Abort ends the job after this rank's dump"
@@ -155,13 +157,14 @@ class MPIProcessGroup(MPIPieces, PythonProcessGroup, *(() if LEAN is None else (
 
     def _allreduce_python(self, tensors: list, opts: Any = None) -> LaneWork:
         """torch's ``all_reduce``. The common blocking call — one contiguous CPU tensor of a (dtype, op) the
-        group has reduced before, nothing queued, no profiler — is the MPI call on the caller's thread and
-        the group's completed handle (:class:`~polydist.backends.work.DoneWork`), which
-        ``torch.distributed.all_reduce`` waits on and drops; anything else takes the lane."""
+        group has reduced before, nothing queued, no profiler or dispatch mode watching — is the MPI call on the
+        caller's thread and the group's completed handle (:class:`~polydist.backends.work.DoneWork`), which
+        ``torch.distributed.all_reduce`` waits on and drops; anything else takes the lane (through torch's
+        dispatcher while watched: :mod:`~polydist.backends.dispatch`)."""
         if len(tensors) == 1 and opts is not None and not opts.asyncOp:
             t = tensors[0]
             plan = _mpi.PLANS.get((t.dtype, opts.reduceOp.op.value))  # the enum's int: hashing the enum is slow
-            if plan is not None and not self._lane.pending and t.is_cpu and t.is_contiguous() and not profiling():
+            if plan is not None and not self._lane.pending and t.is_cpu and t.is_contiguous() and not dispatch.watched():
                 self._lean_allreduce(t, plan)
                 return self._lane.done.completed(tensors)
         return super().allreduce(tensors, opts)

@@ -39,7 +39,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ...ops import check_op_dtype, resolve_op
-from ..python_group import NoPointToPoint, PythonProcessGroup, opt
+from ..group_checks import opt
+from ..python_group import NoPointToPoint, PythonProcessGroup
 from ..tensors import bytes_of, reduce_rows, unflatten
 from ..work import LaneWork
 
