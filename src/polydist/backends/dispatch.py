@@ -9,7 +9,7 @@ forwarding to the group as its CPU backend, and each of the group's methods of t
 ``CommDebugMode`` or a tracing mode, or the profiler: ``DISPATCH.watched()``), the call takes torch's own
 ProcessGroup method, which calls the dispatcher op, whose kernel reaches the group's method again through the
 Backend; otherwise it runs the group's method at once. So those tools count and see what they do on gloo, and an
-unwatched call does not pay the dispatcher, which costs more than a small MPI call (issue 52: 3.3-3.7x raw mpi4py
+unwatched call does not pay the dispatcher, which costs more than a small MPI call (3.3-3.7x raw mpi4py
 for an 8-byte all_reduce through it, 2.0-2.3x past it). Records, watchdog, lanes and errors are the group's either
 way.
 """

@@ -46,11 +46,14 @@ from torchft.process_group import ProcessGroupGloo, ProcessGroupNCCL
 
 from .transport import SafeTransport
 
-__all__ = ["QUORUM_RETRIES", "HEARTBEAT_TIMEOUT_MS", "JOIN_TIMEOUT_MS", "make_manager", "serve_lighthouse", "replica_id"]
+__all__ = ["QUORUM_RETRIES", "QUORUM_TIMEOUT", "HEARTBEAT_TIMEOUT_MS", "JOIN_TIMEOUT_MS", "make_manager", "serve_lighthouse", "replica_id"]
 
 QUORUM_RETRIES = 5  # torchft's own fix for a lighthouse restart: ~20 s of disruption instead of every replica lost
 HEARTBEAT_TIMEOUT_MS = 1000  # a replica group silent this long is left out of the next quorum (torchft: 5000)
 JOIN_TIMEOUT_MS = 1000  # how long a new quorum waits for a live replica group that has not asked (torchft: 60000)
+# The floor of a quorum call's timeout (torchft: 60 s): a call stuck on a connection that died under it (the node's
+# link dropped while it was in flight) is retried (QUORUM_RETRIES) after this long, and the replica group rejoins.
+QUORUM_TIMEOUT = timedelta(seconds=10)
 _HEARTBEAT = timedelta(milliseconds=100)  # torchft's default beat
 
 
@@ -171,7 +174,7 @@ def make_manager(
             min_replica_size=min_replicas,
             use_async_quorum=True,
             timeout=timeout,
-            quorum_timeout=max(timeout, timedelta(seconds=60)),
+            quorum_timeout=max(timeout, QUORUM_TIMEOUT),
             connect_timeout=timedelta(seconds=30),
             rank=group_rank,
             world_size=group_size,
