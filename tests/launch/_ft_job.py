@@ -38,7 +38,8 @@ def fire(kind: str) -> None:
         time.sleep(3600)
     elif kind == "drop":  # this host's link down for FT_DROP_S seconds, then up again (a namespace of its own)
         ifname, seconds = os.environ["FT_LINK"], float(os.environ.get("FT_DROP_S", "4"))
-        subprocess.Popen(["sh", "-c", f"ip link set {ifname} down; sleep {seconds}; ip link set {ifname} up"],
+        subprocess.run(["ip", "link", "set", ifname, "down"], check=True)  # down before this step's all-reduce
+        subprocess.Popen(["sh", "-c", f"sleep {seconds}; ip link set {ifname} up"],
                          start_new_session=True)  # outlives this rank if the drop ends it
 
 
