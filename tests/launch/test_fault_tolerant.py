@@ -115,7 +115,9 @@ def test_a_frozen_replica_group_is_left_behind_then_replaced(cli_env):
     """SIGSTOP: the survivors' all-reduce times out (--timeout 3), they discard that step and go on; the launcher's
     liveness watch ends the stopped process (POLYDIST_FROZEN_AFTER) and its agent starts a replacement."""
     code, stdout, stderr = _run(cli_env, 3, "stop:1:30", "--timeout", "3", steps=400, env={"POLYDIST_FROZEN_AFTER": "3"})
-    report = _check_survived(code, stdout, stderr, 3, 1, "replica group 1 did not take part in step", steps=400)
+    # "did not take part in step 30" (the survivors timed out in its all-reduce and discarded the step), or, when
+    # the stop came before its quorum request left, "did not ask to join step 30" (the quorum formed without it)
+    report = _check_survived(code, stdout, stderr, 3, 1, "replica group 1 did not", steps=400)
     assert any("replica group 1" in line and "frozen: stopped (process state T)" in line for line in report), report
     assert _starts(stdout)[1] == [0, 1], report
 
