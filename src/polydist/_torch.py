@@ -15,6 +15,7 @@ import hashlib
 import inspect
 import os
 import socket
+import sys
 from datetime import timedelta
 from typing import Any, Iterator, Optional
 
@@ -356,12 +357,35 @@ def fr_dumps(stacks: bool = True) -> list:
         if dump is None:
             continue
         try:
-            data = pickle.loads(dump(includeStackTraces=stacks))  # this process's own recorder: trusted bytes, unlike a file's
+            with _inductor_not_imported():
+                data = pickle.loads(dump(includeStackTraces=stacks))  # this process's own recorder: trusted bytes
         except Exception:  # noqa: BLE001 - a recorder that cannot be read is left out of the dump
             continue
         if isinstance(data, dict) and data.get("entries"):
             out.append({**data, "recorder": name})
     return out
+
+
+@contextlib.contextmanager
+def _inductor_not_imported() -> Iterator[None]:
+    """Inside the block, ``hasattr(torch, "_inductor")`` does not import it where nothing did.
+
+    Symbolizing a stack asks ``hasattr(torch, "_inductor")`` (to map code
+    that inductor generated back to its source), and torch's lazy-module
+    ``__getattr__`` then imports torch._inductor and torch._dynamo: 1-4 s on
+    a loaded machine, in a rank that timed out and is writing its dump while
+    the others wait for it to end. Where nothing imported inductor, no frame
+    is inductor's: the frames are the same without the import.
+    """
+    lazy = getattr(torch, "_lazy_modules", None)
+    if "torch._inductor" in sys.modules or not isinstance(lazy, set) or "_inductor" not in lazy:
+        yield
+        return
+    lazy.discard("_inductor")
+    try:
+        yield
+    finally:
+        lazy.add("_inductor")
 
 
 def group_ranks_by_name() -> dict:

@@ -11,7 +11,7 @@ itself, and what runs when, and in what order, is read here.
 from __future__ import annotations
 
 from . import context, ft
-from .backends import registry
+from .backends import leaving, registry
 from .backends.mpi4py import job as mpi_job
 from .collectives import debug, timeouts
 from .launch import announced, environment, process_setup
@@ -34,6 +34,9 @@ def wire() -> None:
     context.on_world_made.append(dump.install_signal_handlers)
     # and, with $POLYDIST_TRACE_DIR set, an uncaught exception dumps under any launcher (torchrun, srun, ...)
     context.on_world_made.append(process_setup.dump_when_uncaught)
+    # and, in debug mode, the watcher that answers a leaving rank (collectives.debug's leaving check)
+    context.on_world_made.append(leaving.start)
+    debug.announce, debug.entering, debug.leaving_exchange = leaving.announce, leaving.entering, leaving.leaving_exchange
     # at the end of initialize(), where every rank is: polydist run --profile-comms
     context.on_initialized.append(profile.start_session)
     # then, under polydist run --fault-tolerant: this replica group joins the job (torchft's manager)

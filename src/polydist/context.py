@@ -15,6 +15,7 @@ exit workaround: ``polydist._at_exit``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -230,7 +231,14 @@ def finalize() -> None:
     cannot meet there, and the runtime, which the program owns, stays up. Cached
     subgroups are forgotten. Environment variables are never touched. Calling
     it when serial or twice is harmless.
+
+    In debug mode (``POLYDIST_DEBUG=1``) the other ranks learn that this one
+    leaves; if any waits in a collective this rank never called, it raises
+    :class:`~polydist.CollectiveMismatchError` (:mod:`polydist.collectives.debug`).
     """
+    if _world is None and dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(WorldMismatchError):
+            world()  # the program's own group: adopted, so that finalize's hooks (debug mode's check) see it
     leave(wait=True)
 
 

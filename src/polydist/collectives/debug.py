@@ -14,18 +14,25 @@ receiver can compare it with the tensor it expects.
 A rank that skips one call of a loop whose calls all look alike (equal
 shapes, same op) cannot be seen at that call: its next call carries the same
 fingerprint as the others' skipped one. It is seen at the first call that
-differs — at the latest when the rank leaves: in debug mode ``finalize()``
-(called by ``spawn``/``Parallel`` after the function, and at exit) is a
-fingerprinted call of the world group too, so the ranks still in the loop
-meet a ``finalize`` and every rank raises the mismatch (the skipping rank
-from ``finalize()``; at interpreter exit Python only prints it).
+differs — at the latest when the rank leaves (``finalize()``, called by
+``spawn``/``Parallel`` after the function, or interpreter exit): the leaving
+rank tells the others on the group's store
+(:mod:`polydist.backends.leaving`, which also covers the operations torch
+runs for DDP, FSDP2 or the program itself). A rank waiting in the
+fingerprint exchange of the leaver's next call has the leaver join it, as a
+fingerprinted ``finalize`` call of the world: every rank raises the mismatch
+there (the skipping rank from ``finalize()``; at interpreter exit it prints
+it and exits with status 1).
 """
 
 from __future__ import annotations
 
+import os
 import reprlib
+import sys
+from typing import Any, Callable, Optional
 
-from .. import codec
+from .. import codec, context
 from ..context import world
 from ..errors import CollectiveMismatchError
 from ..groups import Resolved, resolve
@@ -38,6 +45,13 @@ __all__ = ["set_debug", "is_debug", "check", "check_leaving", "describe_tensor",
 # whose leaving was already checked: finalize() does not compare again there (it would wait for
 # ranks that are not coming, or compare twice when finalize is retried at exit).
 _settled: object = None
+
+# Filled in polydist._wiring by polydist.backends.leaving (a higher layer): announce(rank, world, calls, how) tells
+# the others this rank leaves and returns None, "join" or a verdict (text, calls); entering(ranks, number) before a
+# fingerprint exchange returns a verdict to raise (a rank of the group left) or None; leaving_exchange() after it.
+announce: Optional[Callable[..., Any]] = None
+entering: Optional[Callable[[Any, int], Optional[tuple]]] = None
+leaving_exchange: Optional[Callable[[], None]] = None
 
 
 def reset() -> None:
@@ -76,7 +90,14 @@ def check(res: Resolved, name: str, agree: tuple, call: str) -> None:
     """
     mine = codec.encode([res.seq, name, list(agree), call])
     what = f"{name} (debug fingerprint)"
-    rows = decode_all(all_gather_bytes(mine, res, what), res, what)
+    gone = entering(res.ranks, res.seq) if entering is not None and name != "finalize" else None
+    if gone is not None:
+        raise CollectiveMismatchError(gone[0], gone[1])
+    try:
+        rows = decode_all(all_gather_bytes(mine, res, what), res, what)
+    finally:
+        if leaving_exchange is not None:
+            leaving_exchange()
     for rank, row in zip(res.ranks, rows):
         if not (isinstance(row, list) and len(row) == 4 and type(row[0]) is int and isinstance(row[1], str)):
             raise ValueError(f"{what}: rank {rank} sent a malformed fingerprint: {reprlib.repr(row)}")
@@ -94,10 +115,15 @@ def check(res: Resolved, name: str, agree: tuple, call: str) -> None:
     raise CollectiveMismatchError(f"ranks of group {list(res.ranks)} called different collectives: {listing}", calls)
 
 
-def check_leaving() -> None:
-    """Debug mode: leaving the world is a call every rank must make at the same point (see the module docstring).
+def check_leaving(at_exit: bool = False) -> None:
+    """Debug mode: tell the other ranks this one leaves; raise if they wait in a call it never made.
 
-    Run by ``finalize()`` while the group lives (wired in :mod:`polydist._wiring`).
+    Run by ``finalize()`` while the group lives, and at interpreter exit
+    (wired in :mod:`polydist._wiring`); see the module docstring. At exit the
+    mismatch is printed and the process ends with status 1.
+
+    Raises:
+        CollectiveMismatchError: a rank waits in a call this one never made.
     """
     global _settled
     state = world()
@@ -105,6 +131,19 @@ def check_leaving() -> None:
         return
     _settled = state
     res = resolve(state, None)
-    res.seq += 1
-    check(res, "finalize", (), "finalize()")
-
+    at_exit = at_exit or context.exiting
+    how = "exit" if at_exit else "finalize()"
+    calls = {"-".join(map(str, r.ranks)): r.seq for r in state.resolved.values() if r is not None}
+    verdict = announce(state.rank, list(res.ranks), calls, how) if announce is not None else "join"
+    try:
+        if verdict == "join":
+            res.seq += 1
+            check(res, "finalize", (), "finalize()")
+        elif verdict is not None:
+            raise CollectiveMismatchError(verdict[0], verdict[1])
+    except CollectiveMismatchError as exc:
+        if not at_exit:
+            raise
+        sys.stderr.write(f"polydist: debug: CollectiveMismatchError: {exc}\n")  # an exit handler's error is lost
+        sys.stderr.flush()
+        os._exit(1)

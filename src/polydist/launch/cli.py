@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
-from .. import settings
+from .. import _at_exit, settings
 from ..backends import registry
 from ..errors import WorkerFailedError
 from . import fault_tolerant, mpiexec, torchrun_flags
@@ -206,6 +206,7 @@ def run(ns: argparse.Namespace) -> int:
     if refused:  # before any rank, dump folder or log folder
         print(f"polydist run: {refused}", file=sys.stderr)
         return 2
+    _at_exit.no_teardown()  # once the job and its report are over, this process ends without torch's teardown
     # This is the launcher's own process: its environment is ours to set, and
     # the workers inherit it.
     os.environ[settings.LAUNCHER.name] = "run"

@@ -24,6 +24,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
 from .. import _torch
+from ..backends import leaving
 from . import group_timeout
 from .environment import detect
 from ..settings import FAILURE_DIR, TRACE_DIR
@@ -63,6 +64,7 @@ def worker_setup() -> None:
         local = detect().local_world_size or 1  # any launcher's count: mpiexec exports no LOCAL_WORLD_SIZE
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
     group_timeout.apply()  # polydist run --timeout: also for the groups the program creates without polydist
+    leaving.start()  # debug mode: a rank that leaves while others wait in a call it skipped, also without polydist
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

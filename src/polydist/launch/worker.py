@@ -19,7 +19,7 @@ import traceback
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .. import ft
+from .. import _at_exit, ft
 from ..backends.mpi4py import job as mpi_job, ulfm
 from .environment import detect
 from .. import settings
@@ -35,6 +35,7 @@ from ..trace.dump import (
 @record
 def main() -> None:
     argv = sys.argv[1:]
+    _at_exit.no_teardown()  # first: its handler runs after the program's
     install_signal_handlers()  # a dump on SIGUSR1 even before the script joins the job
     if settings.FAULT_TOLERANT.read() and settings.FT_COMMAND.read():  # polydist run --fault-tolerant under mpiexec
         _run_fault_tolerant_mpi(argv)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
 
 from ... import ops, settings
-from .. import registry
+from .. import leaving, registry
 from ..watchdog import WATCHDOG
 from . import _mpi, job
 from .process_group import MPIProcessGroup
@@ -68,6 +68,7 @@ def _end_job_on_uncaught() -> None:
     ``polydist run --fault-tolerant``, where a failing rank ends alone and the others go on."""
     if not settings.FAULT_TOLERANT.read():
         job.install_abort_hook()
+    leaving.start()  # debug mode: a rank that leaves while the others wait in a call it skipped (no world yet)
 
 
 class _TorchMPI:
