@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 import torch
 
@@ -105,21 +106,40 @@ def _read_time(path: str) -> float | None:
         return None
 
 
-def measure(launcher: str, how: str, nproc: int, timeout_s: float) -> dict:
+def timed_job(command_for: Callable[[str], list], limit_s: float, suffixes: tuple = ("",)) -> dict:
+    """Run ``command_for(mark)`` (``mark``: a path in a fresh folder, where the job writes the time of its event)
+    for at most ``limit_s`` seconds: its exit code (None past the limit), output, start and end times, and the
+    times the job wrote at ``mark`` + each of ``suffixes`` (None where it wrote none)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "POLYDIST_"))}
     env["PYTHONUNBUFFERED"] = "1"
-    with tempfile.TemporaryDirectory(prefix="polydist-failure-") as tmp:
-        mark = os.path.join(tmp, "failed_at")
+    with tempfile.TemporaryDirectory(prefix="polydist-latency-") as tmp:
+        mark = os.path.join(tmp, "event_at")
         start = time.time()
         try:
-            out = subprocess.run(
-                _command(launcher, how, mark, nproc), env=env, capture_output=True, text=True, timeout=timeout_s
-            )
+            out = subprocess.run(command_for(mark), env=env, capture_output=True, text=True, timeout=limit_s)
             code, output = out.returncode, out.stdout + out.stderr
         except subprocess.TimeoutExpired as exc:
-            code, output = None, f"still running after {timeout_s} s: {exc}"
+            code, output = None, f"still running after {limit_s} s: {exc}"
         end = time.time()
-        failed_at, raised_at = _read_time(mark), _read_time(mark + ".raised")
+        marks = [_read_time(mark + suffix) for suffix in suffixes]
+    return {"code": code, "output": output, "start": start, "end": end, "marks": marks}
+
+
+def write_results(path: str, meta: dict, summary: list, rows: list, text: str) -> None:
+    """The runs as JSON at ``path``, and the summary's Markdown ``text`` beside it (``.md``)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"meta": meta, "summary": summary, "runs": rows}, f, indent=1)
+    md = os.path.splitext(path)[0] + ".md"
+    with open(md, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"wrote {path} and {md}", flush=True)
+
+
+def measure(launcher: str, how: str, nproc: int, timeout_s: float) -> dict:
+    job = timed_job(lambda mark: _command(launcher, how, mark, nproc), timeout_s, ("", ".raised"))
+    code, output, start, end = job["code"], job["output"], job["start"], job["end"]
+    failed_at, raised_at = job["marks"]
     return {
         "launcher": launcher,
         "failure": how,
@@ -157,7 +177,7 @@ def _summary(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _cell(value: float | None) -> str:
+def cell(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
@@ -182,8 +202,8 @@ def markdown(summary: list[dict], meta: dict) -> str:
     ]
     for s in summary:
         lines.append(
-            f"| {s['launcher']} | {s['failure']} | {s['runs']} | {_cell(s['median_s'])} | {_cell(s['min_s'])} | "
-            f"{_cell(s['max_s'])} | {_cell(s['spawn_raised_median_s'])} | "
+            f"| {s['launcher']} | {s['failure']} | {s['runs']} | {cell(s['median_s'])} | {cell(s['min_s'])} | "
+            f"{cell(s['max_s'])} | {cell(s['spawn_raised_median_s'])} | "
             f"{s['nonzero_and_named']}/{s['runs']} | {', '.join(map(str, s['exit_codes']))} |"
         )
     return "\n".join(lines) + "\n"
@@ -222,20 +242,14 @@ def main() -> int:
                 rows.append(row)
                 print(
                     f"{launcher:8} {how:6} #{repeat}: exit code {row['exit_code']}, rank named {row['named']}, "
-                    f"ended {_cell(row['end_after_failure_s'])} s after the failure (job {row['job_s']:.1f} s)",
+                    f"ended {cell(row['end_after_failure_s'])} s after the failure (job {row['job_s']:.1f} s)",
                     flush=True,
                 )
     summary = _summary(rows)
     text = markdown(summary, meta)
     print("\n" + text)
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"meta": meta, "summary": summary, "runs": rows}, f, indent=1)
-        md = os.path.splitext(args.json)[0] + ".md"
-        with open(md, "w", encoding="utf-8") as f:
-            f.write(text)
-        print(f"wrote {args.json} and {md}", flush=True)
+        write_results(args.json, meta, summary, rows, text)
     return 0 if all(s["nonzero_and_named"] == s["runs"] for s in summary) else 1
 
 

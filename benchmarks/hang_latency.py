@@ -28,13 +28,13 @@ no timeout to wait for) and ``liveness.py`` (a stopped rank).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from failure_latency import cell, timed_job, write_results  # noqa: E402
 
 LAUNCHERS = ("run", "run-mpi")
 PROGRAMS = ("torch", "polydist")
@@ -79,23 +79,8 @@ def _report_line(output: str) -> str:
 
 
 def measure(launcher: str, program: str, nproc: int, timeout: float, limit_s: float) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "POLYDIST_"))}
-    env["PYTHONUNBUFFERED"] = "1"
-    with tempfile.TemporaryDirectory(prefix="polydist-hang-") as tmp:
-        mark = os.path.join(tmp, "hung_at")
-        start = time.time()
-        try:
-            out = subprocess.run(_command(launcher, program, mark, nproc, timeout), env=env, capture_output=True,
-                                 text=True, timeout=limit_s)  # fmt: skip
-            code, output = out.returncode, out.stdout + out.stderr
-        except subprocess.TimeoutExpired as exc:
-            code, output = None, f"still running after {limit_s} s: {exc}"
-        end = time.time()
-        try:
-            with open(mark) as f:
-                hung_at: float | None = float(f.read())
-        except (OSError, ValueError):
-            hung_at = None
+    run = timed_job(lambda mark: _command(launcher, program, mark, nproc, timeout), limit_s)
+    code, output, start, end, (hung_at,) = run["code"], run["output"], run["start"], run["end"], run["marks"]
     report = _report_line(output)
     after = None if hung_at is None or code is None else end - hung_at
     return {
@@ -133,10 +118,6 @@ def _summary(rows: list, timeout: float) -> list:
     return out
 
 
-def _cell(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}"
-
-
 def markdown(summary: list, meta: dict) -> str:
     lines = [
         f"$ {meta['pythonpath']}{meta['interpreter']} {meta['command']}",
@@ -157,8 +138,8 @@ def markdown(summary: list, meta: dict) -> str:
     ]
     for s in summary:
         lines.append(
-            f"| {s['launcher']} | {s['program']} | {s['runs']} | {_cell(s['median_s'])} | {_cell(s['min_s'])} | "
-            f"{_cell(s['max_s'])} | {_cell(s['excess_median_s'])} | {_cell(s['excess_max_s'])} | "
+            f"| {s['launcher']} | {s['program']} | {s['runs']} | {cell(s['median_s'])} | {cell(s['min_s'])} | "
+            f"{cell(s['max_s'])} | {cell(s['excess_median_s'])} | {cell(s['excess_max_s'])} | "
             f"{s['failed_and_named']}/{s['runs']} |"
         )
     return "\n".join(lines) + "\n"
@@ -194,20 +175,14 @@ def main() -> int:
                 row = measure(launcher, program, args.nproc, args.timeout, args.limit)
                 rows.append(row)
                 print(f"{launcher:8} {program:8} #{repeat}: exit code {row['exit_code']}, culprit named "
-                      f"{row['culprit_named']}, ended {_cell(row['hang_to_exit_s'])} s after the hang "
+                      f"{row['culprit_named']}, ended {cell(row['hang_to_exit_s'])} s after the hang "
                       f"(job {row['job_s']:.1f} s, load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
     meta["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     summary = _summary(rows, args.timeout)
     text = markdown(summary, meta)
     print("\n" + text)
     if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"meta": meta, "summary": summary, "runs": rows}, f, indent=1)
-        md = os.path.splitext(args.json)[0] + ".md"
-        with open(md, "w", encoding="utf-8") as f:
-            f.write(text)
-        print(f"wrote {args.json} and {md}", flush=True)
+        write_results(args.json, meta, summary, rows, text)
     return 0 if all(s["failed_and_named"] == s["runs"] for s in summary) else 1
 
 
