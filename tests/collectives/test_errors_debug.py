@@ -716,6 +716,13 @@ def test_debug_a_skipped_call_of_equal_calls_raises_on_every_rank(backend, cli_e
     assert f"rank 0 raised CollectiveMismatchError: ranks of group [0, 1] called different collectives: {mismatch}" in text
     if backend == "mpi":
         assert f"rank 1 raised CollectiveMismatchError: ranks of group [0, 1] called different collectives: {mismatch}" in text
-    else:  # raised by spawn's finalize() after the function: the launcher reports it as rank 1's failure
+    else:  # raised by spawn's finalize() after the function: the launcher's report names rank 1, either with
+        # its own traceback, or with rank 0's error when rank 0 (waiting in finalize's exchange that rank 1, gone,
+        # never joined) was ended first by the debug watcher (backends/leaving.py)
         assert out.returncode != 0
-        assert "--- traceback of rank 1 ---" in text and f"CollectiveMismatchError: ranks of group [0, 1] called different collectives: {mismatch}" in text.split("--- traceback of rank 1 ---")[1]
+        if "--- traceback of rank 1 ---" in text:
+            assert (f"CollectiveMismatchError: ranks of group [0, 1] called different collectives: {mismatch}"
+                    in text.split("--- traceback of rank 1 ---")[1])  # fmt: skip
+        else:
+            report = text.split("--- traceback of rank 0 ---")[1]
+            assert "CollectiveMismatchError: all_gather #" in report and "rank 1 never called it — it left" in report

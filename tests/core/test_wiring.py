@@ -10,6 +10,7 @@ import pytest
 
 import polydist  # noqa: F401 - wires the hooks
 from polydist import _wiring, context, ft
+from polydist.backends import leaving
 from polydist.backends.mpi4py import job as mpi_job
 from polydist.collectives import debug, timeouts
 from polydist.errors import CollectiveTimeoutError
@@ -22,7 +23,9 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_importing_polydist_wires_each_hook_once_in_order():
     _wiring.wire()  # a second call adds nothing
-    assert context.on_world_made == [dump.install_signal_handlers, process_setup.dump_when_uncaught]
+    assert context.on_world_made == [dump.install_signal_handlers, process_setup.dump_when_uncaught, leaving.start]
+    assert (debug.announce, debug.entering, debug.leaving_exchange) == (leaving.announce, leaving.entering,
+                                                                        leaving.leaving_exchange)  # fmt: skip
     assert context.on_initialized == [profile.start_session, ft.start]
     assert context.on_finalize == [debug.check_leaving, profile.end_session, ft.stop]  # the check communicates first
     assert timeouts.on_timeout == [dump.timed_out]

@@ -284,10 +284,26 @@ def _end(verdict: tuple) -> None:
     sys.stderr.flush()
     for hook in timeouts.on_timeout:  # the flight recorder's dump
         hook(error)
+    _record_for_launcher(error)
     groups = [g for g in list(WATCHDOG.groups) if g._lane.current is not None]
     if groups:
         groups[0]._end_job(error, text)  # MPI_Abort where the transport cannot be cancelled
     end_process(dist.get_rank(), text)
+
+
+def _record_for_launcher(error: Exception) -> None:
+    """The error in torch elastic's error file (``$TORCHELASTIC_ERROR_FILE``, as its ``@record`` writes it), so
+    that the launcher's report shows it, naming the rank that left, for this rank that ends without raising."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    text = f"{type(error).__name__}: {error}"
+    data = {"message": {"message": text, "extraInfo": {"py_callstack": text + "\n", "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass
 
 
 def _watch() -> None:
