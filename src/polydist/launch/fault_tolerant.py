@@ -152,20 +152,16 @@ class _Job:
         import torch.distributed as dist
 
         nnodes = ns.nnodes[1]
-        if nnodes == 1:
-            from ..backends.torchft.engine import serve_lighthouse
-
-            server, lighthouse = serve_lighthouse("127.0.0.1", ns.min_replicas)
-            store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-            return cls(store, f"127.0.0.1:{store.port}", lighthouse, server)
-        host, port = ns.master_addr, ns.master_port
+        host, port = ("127.0.0.1", 0) if nnodes == 1 else (ns.master_addr, ns.master_port)  # 0: a free port
         if ns.node_rank == 0:
             from ..backends.torchft.engine import serve_lighthouse
 
             server, lighthouse = serve_lighthouse(socket.gethostbyname(host), ns.min_replicas)  # OSError: not ours
             store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
-            store.set(_LIGHTHOUSE_KEY, lighthouse)
-            return cls(store, f"{host}:{port}", lighthouse, server, ft_nodes.Nodes(0, nnodes, lambda: store))
+            nodes = ft_nodes.Nodes(0, nnodes, lambda: store) if nnodes > 1 else None
+            if nodes is not None:
+                store.set(_LIGHTHOUSE_KEY, lighthouse)  # for the other nodes' launchers
+            return cls(store, f"{host}:{store.port}", lighthouse, server, nodes)
         try:
             store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=_JOIN_TIMEOUT)
             store.wait([_LIGHTHOUSE_KEY], _JOIN_TIMEOUT)

@@ -54,7 +54,7 @@ class Nodes:
     (node 0's own store, or a client of it; called again after a failed call, for a fresh connection)."""
 
     def __init__(self, node_rank: int, nnodes: int, connect: Callable[[], Any]) -> None:
-        self.node_rank, self.nnodes = node_rank, nnodes
+        self.node_rank = node_rank
         self._connect = connect
         self._store: Optional[Any] = None
         self._pending = b""  # this node's events not yet in the store

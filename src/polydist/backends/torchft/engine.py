@@ -110,7 +110,6 @@ class _GlooOn(ProcessGroupGloo):
             options._devices = [real.create_device(hostname=host)]
             return real(store, rank, size, options)
 
-        on_host.create_default_device = real.create_default_device  # type: ignore[attr-defined]
         with mock.patch.object(torchft.process_group, "BaseProcessGroupGloo", on_host):
             return super()._create_pg(store, rank, world_size)
 
