@@ -28,12 +28,15 @@ def _cell(text: str) -> str:
 
 def table(rows: list) -> str:
     rows = sorted(rows, key=lambda r: tuple(ORDER.get(r[k], 99) for k in ("launcher", "backend", "program", "fault")))
+    notes: dict = {}  # a gap's reason -> its note's number, told once under the table
     lines = ["| launcher | backend | program | rank 1 | names it | s | first line of the report |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        named = "yes" if r["named"] else ("no: " + _cell(r["gap"]) if r.get("gap") else "no")
+        gap = f" ({notes.setdefault(r['gap'], len(notes) + 1)})" if r.get("gap") else ""
+        named = "yes" if r["named"] else f"no{gap}"
         named = "refused" if r["fault"] == "any" else named
         lines.append(f"| {r['launcher']} | {r['backend']} | {PROGRAMS[r['program']]} | {FAULTS[r['fault']]} | {named} | "
                      f"{r['seconds']:g} | `{_cell(r['line'])}` |")  # fmt: skip
+    lines += [""] + [f"({n}) {_cell(reason)}." for reason, n in notes.items()]
     return "\n".join(lines)
 
 

@@ -148,6 +148,6 @@ def test_torchrun_refuses_mpi(cli_env, tmp_path):
     job = _job("torchrun", "mpi", "torch", "stall", cli_env, tmp_path)
     assert job["code"] != 0
     lines = [re.sub(r"^(\[rank\d+\]:\s*)+", "", s) for s in job["stderr"].splitlines()]
-    line = next((s for s in lines if "WorldMismatchError" in s), "(no error)")
+    line = next((s.strip() for s in lines if s.strip().startswith("polydist.errors.WorldMismatchError")), "(none)")
     _write(("torchrun", "mpi", "any", "any"), line, job, False, str(tmp_path))
     assert line.startswith("polydist.errors.WorldMismatchError: "), job["stderr"][-3000:]
