@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from . import context, ft
 from .backends import leaving, registry
+from .backends.watchdog import WATCHDOG
 from .backends.mpi4py import job as mpi_job
 from .collectives import debug, timeouts
 from .launch import announced, environment, process_setup
@@ -46,9 +47,16 @@ def wire() -> None:
     context.on_finalize.append(profile.end_session)
     # and last, under --fault-tolerant: how this replica group ended, for the launcher's report
     context.on_finalize.append(ft.stop)
+    # at exit, with the store still up: a rank that ended its program tells a watchdog that may wait for it
+    context.on_finalize.append(_finished_at_exit)
     # while finalize waits for the other ranks: MPI's progress, which a peer still in a collective may need
     context.while_leaving.append(mpi_job.progress)
     # a collective timed out: its dump, named in the error's notes
     timeouts.on_timeout.append(dump.timed_out)
     # MPI_Abort ends every rank at once: this one's dump first
     mpi_job.before_abort.append(dump.failed)
+
+
+def _finished_at_exit() -> None:
+    if context.exiting:
+        WATCHDOG.finished()

@@ -24,6 +24,7 @@ import numpy as np
 from ...settings import FAILURE_DIR
 from .. import registry
 from ..store import check_requested, serve_store
+from ..watchdog import WATCHDOG
 from . import _mpi
 
 __all__ = ["mpi_initialized", "mpi_job", "rendezvous", "world_store", "install_abort_hook", "fail", "record_failure",
@@ -158,6 +159,7 @@ def record_failure(rank: int, text: str) -> None:
 
 def abort(code: int) -> None:
     """Flush this rank's output and end every rank of the MPI job with ``code`` (``MPI_Abort``)."""
+    WATCHDOG.failing()  # MPICH's MPI_Abort returns under polydist run: its exit must not say the program finished
     sys.stdout.flush()
     sys.stderr.flush()
     # mpiexec exits on MPI_Abort, sometimes before forwarding the traceback just written
