@@ -36,7 +36,8 @@ OUT = os.path.join(ROOT, "build", "hang-table")
 LAUNCHERS, BACKENDS = ("polydist run", "mpiexec", "torchrun"), ("gloo", "mpi")
 PROGRAMS, FAULTS = ("torch", "ddp", "fsdp2"), ("stall", "raise", "kill", "freeze")
 LIMIT_S = 30  # a job still running then is hung: 5 s timeout, start-up and the reports take 5-20 s
-QUICK = {("polydist run", "gloo", "torch", "kill"), ("mpiexec", "mpi", "ddp", "stall")}
+QUICK = {("polydist run", "gloo", "torch", "kill"), ("mpiexec", "mpi", "ddp", "stall"),
+         ("torchrun", "gloo", "ddp", "stall")}  # the last: the program's own group adopted (POLYDIST_TRACE_DIR)
 # What naming rank 1 looks like: the rank that never called the operation, did not arrive, raised, was killed or
 # frozen, failed first, or left no dump (killed) where the others waited.
 CULPRIT = re.compile(
@@ -44,12 +45,8 @@ CULPRIT = re.compile(
     r"\brank 1\b[^;]{0,120}?\b(raised|frozen|killed|failed first|exited|exit code)"
 )
 # The scenarios whose first line does not name rank 1, and why (the table shows their lines as they are).
-_UNADOPTED = ("the program's own gloo group, made by torch and never used through polydist, is not adopted: no "
-              "rank writes a dump and polydist prints nothing (polydist run's worker does both)")  # fmt: skip
-GAPS: dict = {(launcher, "gloo", program, fault): _UNADOPTED
-              for launcher in ("mpiexec", "torchrun") for program in PROGRAMS for fault in FAULTS}  # fmt: skip
-GAPS.update({("mpiexec", "mpi", program, "kill"): "MPICH's mpiexec ends every rank at once when one is killed, before "
-             "any writes a dump; its own BAD TERMINATION lines name the rank" for program in PROGRAMS})  # fmt: skip
+GAPS: dict = {("mpiexec", "mpi", program, "kill"): "MPICH's mpiexec ends every rank at once when one is killed, before "
+              "any writes a dump; its own BAD TERMINATION lines name the rank" for program in PROGRAMS}  # fmt: skip
 
 
 def _scenarios() -> list:

@@ -24,7 +24,6 @@ import numpy as np
 from ...settings import FAILURE_DIR
 from .. import registry
 from ..store import check_requested, serve_store
-from ..watchdog import WATCHDOG
 from . import _mpi
 
 __all__ = ["mpi_initialized", "mpi_job", "rendezvous", "world_store", "install_abort_hook", "fail", "record_failure",
@@ -139,6 +138,8 @@ def install_abort_hook() -> None:
 # polydist.trace.dump writes this rank's flight-recorder dump, polydist run's worker
 # asks the other ranks of the node for theirs.
 before_abort: list = []
+# Called as hook() by abort(), whatever the cause: the watchdog, whose exit note must not say the program finished.
+on_abort: list = []
 
 
 def fail(rank: int, exc: BaseException, text: str, code: int) -> None:
@@ -159,7 +160,8 @@ def record_failure(rank: int, text: str) -> None:
 
 def abort(code: int) -> None:
     """Flush this rank's output and end every rank of the MPI job with ``code`` (``MPI_Abort``)."""
-    WATCHDOG.failing()  # MPICH's MPI_Abort returns under polydist run: its exit must not say the program finished
+    for hook in on_abort:  # MPICH's MPI_Abort returns under polydist run: exit handlers still run after it
+        hook()
     sys.stdout.flush()
     sys.stderr.flush()
     # mpiexec exits on MPI_Abort, sometimes before forwarding the traceback just written
