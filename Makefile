@@ -117,7 +117,7 @@ test-heavy: $(STAMP)
 # The scenario table of docs/howto/debugging-a-hang.md (marker hang_table; about 15 minutes on 2 cores): every
 # launcher x backend x program x fault of tests/launch/test_hang_table.py, 2 ranks each; each writes the first line
 # of its report to build/hang-table/, and tools/hang_table.py puts them into the docs, also when some failed.
-# make test runs two of them.
+# make test runs three of them.
 hang-table: $(STAMP)
 	rm -rf build/hang-table
 	POLYDIST_TEST_HANG_TABLE=1 $(BIN)/python -m pytest -p no:cacheprovider tests/launch/test_hang_table.py; \

@@ -45,8 +45,9 @@ CULPRIT = re.compile(
     r"\brank 1\b[^;]{0,120}?\b(raised|frozen|killed|failed first|exited|exit code)"
 )
 # The scenarios whose first line does not name rank 1, and why (the table shows their lines as they are).
-GAPS: dict = {("mpiexec", "mpi", program, "kill"): "MPICH's mpiexec ends every rank at once when one is killed, before "
-              "any writes a dump; its own BAD TERMINATION lines name the rank" for program in PROGRAMS}  # fmt: skip
+GAPS: dict = {("mpiexec", backend, program, "kill"): "MPICH's mpiexec ends every rank at once when one is killed, "
+              "often before any writes a dump; its own BAD TERMINATION lines name the rank"
+              for backend in BACKENDS for program in PROGRAMS}  # fmt: skip
 
 
 def _scenarios() -> list:
