@@ -53,7 +53,8 @@ def reporting(base: type) -> type:
             try:
                 super().build_extension(ext)
             except Exception as exc:
-                self.why[ext.name] = f"it did not compile against torch {TORCH or '(none)'}: {exc}"
+                against = f" against torch {TORCH}" if ext.name in TORCH_PARTS else ""
+                self.why[ext.name] = f"it did not compile{against}: {exc}"
                 raise  # setuptools goes on without an optional extension
             finally:
                 self.compiler.spawn = spawn
