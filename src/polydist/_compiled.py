@@ -27,7 +27,7 @@ def _built() -> dict:
     try:
         with open(os.path.join(_HERE, "_built.json"), encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, ValueError):  # built before setup.py wrote it, or by hand (setup.py build_ext --inplace)
+    except (OSError, ValueError):  # built before setup.py wrote one, or never built
         return {}
 
 
@@ -36,7 +36,8 @@ def _unloadable(exc: ImportError) -> str:
     why = f"cannot be loaded here ({exc})"
     built, torch = _built().get("torch"), sys.modules.get("torch")
     if built and torch is not None and built != torch.__version__:
-        why += f": it was built for torch {built}, this is torch {torch.__version__}; rebuild it ({_REBUILD})"
+        why += (f": it was built for torch {built}, this is torch {torch.__version__}; reinstall polydist under this "
+                "torch (pip install --no-build-isolation)")
     return why
 
 
@@ -54,12 +55,11 @@ def load(package: str, name: str, source: str) -> Any:
     try:
         module = importlib.import_module(key)
     except ImportError as exc:  # not built (pip's isolated build, no compiler, a compile error), or another torch's
+        why = _built().get("parts", {}).get(key)  # setup.py's reason where it did not build it
         if exc.name != key:
             _not_used(key, _unloadable(exc))
-        elif _built().get("parts", {}).get(key):
-            _not_used(key, f"not built here: {_built()['parts'][key]}")
         else:
-            _not_used(key, f"not built here ({exc})")
+            _not_used(key, f"not built here: {why}" if why else f"not built here ({exc})")
         return None
     path = os.path.join(os.path.dirname(os.path.abspath(module.__file__)), source)
     if os.path.exists(path):  # a source tree (an installed wheel has no source)
