@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test test-torch test-ft fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy test-slurm test-system clean
+.PHONY: demo test test-torch test-ft fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy hang-table test-slurm test-system clean
 
 setup: $(STAMP)
 
@@ -138,6 +138,15 @@ test-engines: $(ENGINES_STAMP)
 # tutorial on gloo and the fault benchmark's run.
 test-heavy: $(STAMP)
 	POLYDIST_TEST_HEAVY=1 $(BIN)/python -m pytest -p no:cacheprovider -m heavy tests
+
+# The scenario table of docs/howto/debugging-a-hang.md (marker hang_table; about 15 minutes on 2 cores): every
+# launcher x backend x program x fault of tests/launch/test_hang_table.py, 2 ranks each; each writes the first line
+# of its report to build/hang-table/, and tools/hang_table.py puts them into the docs, also when some failed.
+# make test runs two of them.
+hang-table: $(STAMP)
+	rm -rf build/hang-table
+	POLYDIST_TEST_HANG_TABLE=1 $(BIN)/python -m pytest -p no:cacheprovider tests/launch/test_hang_table.py; \
+		rc=$$?; $(BIN)/python tools/hang_table.py || rc=1; exit $$rc
 
 # Open MPI and Intel MPI beside the venv's MPICH: each in a venv of its own under $(VENV)/mpi that sees the main
 # venv's packages (tools/mpi_runtime.sh; a few seconds each once the wheels are downloaded, impi-rt is 130 MB).

@@ -87,14 +87,18 @@ SYSTEM_FILES = frozenset(
 def pytest_collection_modifyitems(config, items):
     """Mark the tests of :data:`SYSTEM_FILES` ``system``. On horovod worlds, skip the tests marked as needing
     point-to-point, which Horovod lacks (polydist raises NotImplementedError there), or subgroups that only their
-    members create (Horovod's process sets need every rank); outside make test-heavy, skip the tests marked heavy."""
+    members create (Horovod's process sets need every rank); outside make test-heavy, skip the tests marked heavy,
+    and outside make hang-table those marked hang_table."""
     heavy = os.environ.get("POLYDIST_TEST_HEAVY") == "1"
+    table = os.environ.get("POLYDIST_TEST_HANG_TABLE") == "1"
     root = pathlib.Path(str(config.rootpath))
     for item in items:
         if pathlib.Path(str(item.path)).relative_to(root).as_posix() in SYSTEM_FILES:
             item.add_marker(pytest.mark.system)
         if item.get_closest_marker("heavy") and not heavy:
             item.add_marker(pytest.mark.skip(reason="heavy: make test-heavy runs it"))
+        if item.get_closest_marker("hang_table") and not table:
+            item.add_marker(pytest.mark.skip(reason="hang_table: make hang-table runs it"))
         kind = getattr(item, "callspec", None) and item.callspec.params.get("backend_kind")
         if kind != "horovod":
             continue

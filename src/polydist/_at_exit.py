@@ -61,9 +61,9 @@ def no_teardown() -> None:
     as the last exit handler makes those collections skip them; exit handlers
     (``atexit``, ``weakref.finalize``), the flushing of open files and the
     finalizers of objects freed by reference counting still run. Called early
-    by ``polydist run`` and its worker entry, so that its handler runs after
-    the program's (and after :func:`arm`'s, whose collection frees a DDP model
-    and its group).
+    by ``polydist run``, its worker entry and ``spawn``'s processes, so that
+    its handler runs after the program's (and after :func:`arm`'s, whose
+    collection frees a DDP model and its group).
     """
     global _frozen
     if not _frozen:

@@ -10,8 +10,9 @@ itself, and what runs when, and in what order, is read here.
 
 from __future__ import annotations
 
-from . import context, ft
+from . import context, default_group, ft
 from .backends import leaving, registry
+from .backends.watchdog import WATCHDOG
 from .backends.mpi4py import job as mpi_job
 from .collectives import debug, timeouts
 from .launch import announced, environment, process_setup
@@ -46,9 +47,25 @@ def wire() -> None:
     context.on_finalize.append(profile.end_session)
     # and last, under --fault-tolerant: how this replica group ended, for the launcher's report
     context.on_finalize.append(ft.stop)
+    # at exit, with the store still up: a rank that ended its program tells a watchdog that may wait for it
+    context.on_finalize.append(_finished_at_exit)
     # while finalize waits for the other ranks: MPI's progress, which a peer still in a collective may need
     context.while_leaving.append(mpi_job.progress)
+    # with $POLYDIST_TRACE_DIR set under another launcher: the program's own init_process_group is adopted (dumps)
+    process_setup.adopt_own_groups(_adopt_own)
     # a collective timed out: its dump, named in the error's notes
     timeouts.on_timeout.append(dump.timed_out)
     # MPI_Abort ends every rank at once: this one's dump first
     mpi_job.before_abort.append(dump.failed)
+    # and whatever ends it so: no "finished its program" note for the watchdogs of the others
+    mpi_job.on_abort.append(WATCHDOG.failing)
+
+
+def _adopt_own() -> None:
+    if not default_group.creating:  # initialize() makes its own world
+        context.world()
+
+
+def _finished_at_exit() -> None:
+    if context.exiting:
+        WATCHDOG.finished()

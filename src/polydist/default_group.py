@@ -47,6 +47,9 @@ def _warn_if_gloo_offers_loopback(backend: str, info: ProcessInfo) -> None:
     )
 
 
+creating = False  # inside create()'s init_process_group
+
+
 def create(group_kwargs: dict, info: ProcessInfo) -> Optional[timedelta]:
     """Create the default group from :func:`polydist.rendezvous.group_kwargs`; return the collective timeout it
     applied. Then the lifecycle of each backend whose rendezvous the ranks met by (or that gave them their ranks)
@@ -57,7 +60,12 @@ def create(group_kwargs: dict, info: ProcessInfo) -> Optional[timedelta]:
         group_kwargs["store"] = at.open(group_kwargs["rank"], group_kwargs["world_size"],
                                         group_kwargs.get("timeout", JOIN_TIMEOUT_FLOOR))
     _warn_if_gloo_offers_loopback(group_kwargs["backend"], info)
-    dist.init_process_group(**group_kwargs)
+    global creating
+    creating = True  # polydist's own group: not one to adopt as the program's (polydist._wiring)
+    try:
+        dist.init_process_group(**group_kwargs)
+    finally:
+        creating = False
     if td is not None and td != group_kwargs["timeout"]:
         _torch.set_default_timeout(td)  # joined with the floor; collectives wait td
     entry = registry.get(group_kwargs["backend"])

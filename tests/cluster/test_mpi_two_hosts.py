@@ -177,3 +177,52 @@ def test_dropped_link_ends_job_naming_unreachable_ranks(hosts, tmp_path, backend
     if backend == "mpi":
         assert "called MPI_Abort" in text, text[-5000:]
         assert ended < named[0][0] + 10, ended  # ended by the abort, not by MPIEXEC_TIMEOUT
+
+
+@pytest.mark.timeout(JOB_S + 30)
+def test_ulfm_lost_rank_fails_every_survivors_all_reduce_across_two_hosts(hosts):
+    """Open MPI with polydist's ULFM options (:func:`polydist.backends.mpi4py.ulfm.launcher_options`), 2 ranks a
+    host: rank 2 (host 1) is SIGKILLed before an 80 KB all-reduce. Every survivor's all-reduce must fail and the
+    vote discard the step: with Open MPI's hierarchical collectives (``han``, chosen for a communicator that
+    spans hosts) each survivor's returned MPI_SUCCESS with a partial sum, and the vote committed it. After the
+    shrink, the next all-reduce sums the survivors' contributions exactly."""
+    if not os.path.exists(os.path.join(OPENMPI_BIN, "mpiexec")):
+        pytest.skip("no Open MPI runtime (make mpi-runtimes)")
+    from polydist.backends.mpi4py import ulfm
+
+    launcher = openmpi_launcher(hosts)
+    argv = [launcher[0], *ulfm.launcher_options(), *launcher[1:], "-np", "4", os.path.join(OPENMPI_BIN, "python"),
+            os.path.join(HERE, "_ulfm_sum.py"), "--kill", "2"]  # fmt: skip
+    out = run_on_host0(hosts, argv)
+    records = {r["rank"]: r for r in (json.loads(line[5:]) for line in out.stdout.splitlines() if line.startswith("ULFM "))}
+    assert sorted(records) == [0, 1, 3], f"exit code {out.returncode}\n{out.stdout}\n{out.stderr[-4000:]}"
+    for rank, record in records.items():
+        assert record["failed"] and record["vote"] == 0, (rank, record)  # no survivor took a partial sum
+        assert record["lost"] == [2] and record["sum"] == 1 + 2 + 4, (rank, record)
+
+
+@pytest.mark.timeout(JOB_S + 60)
+def test_fault_tolerant_mpi_job_across_two_hosts_survives_a_killed_rank(hosts, tmp_path):
+    """``polydist run --fault-tolerant --backend mpi`` (ULFM) with Open MPI spreading its 4 ranks over the two hosts
+    (a hostfile and the namespaces' launcher given through Open MPI's own environment variables; the fault log's
+    folder is on the filesystem both hosts share): replica group 2 (host 1) is SIGKILLed at step 40. The others
+    go on, its replacement starts on the spawning rank's host and rejoins, and every replica group finishes with
+    the same state. Before the two Open MPI workarounds (``coll ^han``: a partial sum committed; the replacement
+    on the spawning rank's host: a crashed spawn) the states differed or the job failed."""
+    if not os.path.exists(os.path.join(OPENMPI_BIN, "mpiexec")):
+        pytest.skip("no Open MPI runtime (make mpi-runtimes)")
+    subnet = hosts.hosts[0].addr.rsplit(".", 1)[0] + ".0/24"
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{h.hostname} slots=2\n" for h in hosts.hosts))
+    job = os.path.join(ROOT, "tests", "launch", "_ft_job.py")
+    argv = [os.path.join(OPENMPI_BIN, "polydist"), "run", "--fault-tolerant", "--backend", "mpi", "--nproc-per-node",
+            "4", "--timeout", "5", job, "300"]  # fmt: skip
+    out = run_on_host0(hosts, argv, timeout=JOB_S, FT_FAULT="kill:2:40", PATH=f"{OPENMPI_BIN}:{os.environ['PATH']}",
+                       PRTE_MCA_plm_ssh_agent=hosts.wrapper, PRTE_MCA_oob_tcp_if_include=subnet,
+                       PRTE_MCA_prte_default_hostfile=str(hostfile), OMPI_MCA_btl_tcp_if_include=subnet,
+                       OMPI_MCA_btl="self,tcp")  # fmt: skip
+    err = out.stderr
+    assert out.returncode == 0, f"exit code {out.returncode}\n{out.stdout[-3000:]}\n{err[-6000:]}"
+    assert re.search(r"rank 2 \(replica group 2\) lost .* at step \d+; the other replica groups went on", err), err
+    assert re.search(r"replica group 2 rejoined at step \d+", err), err
+    assert "replica groups 0, 1, 2, 3 finished at step 300 with identical model and optimizer state" in err, err

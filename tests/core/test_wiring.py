@@ -27,7 +27,8 @@ def test_importing_polydist_wires_each_hook_once_in_order():
     assert (debug.announce, debug.entering, debug.leaving_exchange) == (leaving.announce, leaving.entering,
                                                                         leaving.leaving_exchange)  # fmt: skip
     assert context.on_initialized == [profile.start_session, ft.start]
-    assert context.on_finalize == [debug.check_leaving, profile.end_session, ft.stop]  # the check communicates first
+    assert context.on_finalize == [debug.check_leaving, profile.end_session, ft.stop,
+                                   _wiring._finished_at_exit]  # the check communicates first
     assert timeouts.on_timeout == [dump.timed_out]
     assert mpi_job.before_abort == [dump.failed]
 

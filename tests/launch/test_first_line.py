@@ -123,3 +123,45 @@ def test_the_report_says_a_rank_had_finished_its_program_while_the_others_waited
     first = out.stderr[out.stderr.index("polydist run: job failed"):].splitlines()[0]
     assert first.startswith("polydist run: job failed: all_reduce #3 on [0,1]: rank 0 failed"), first
     assert first.endswith("rank 1 never called it — it had finished its program (exit code 0)"), first
+
+
+LEAVES_EARLY_ON_MPI = textwrap.dedent(
+    """
+    import sys
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    import polydist as pd
+
+    if sys.argv[1] == "torch":  # the program's own group, torch's "mpi" (polydist's stand-in serves it)
+        dist.init_process_group("mpi", timeout=timedelta(seconds=5))
+    else:
+        pd.initialize("mpi", timeout=5)
+    for step in range(5):
+        if dist.get_rank() == 1 and step == 2:
+            break  # rank 1 leaves the loop early and ends its program normally
+        dist.all_reduce(torch.ones(4))
+    """
+)
+
+
+@needs_mpi
+@pytest.mark.parametrize("launcher, program", [("run", "torch"), ("mpiexec", "torch"), ("mpiexec", "polydist")])
+def test_on_mpi_the_watchdog_says_a_rank_had_finished_its_program(cli_env, tmp_path, launcher, program):
+    """Rank 1 ends its program while rank 0 waits in an all_reduce it never called: the watchdog's error (the
+    first thing a plain mpiexec job prints) says rank 1 had finished, not that it did not answer."""
+    script = tmp_path / "leaves.py"
+    script.write_text(LEAVES_EARLY_ON_MPI)
+    if launcher == "run":
+        out = _run(["polydist", "run", "--nproc-per-node", "2", "--backend", "mpi", str(script), program], cli_env)
+    else:
+        out = _run([mpiexec(), "-n", "2", sys.executable, str(script), program], _mpi_env(cli_env))
+    assert out.returncode != 0
+    line = next((s for s in out.stderr.splitlines() if "polydist: watchdog:" in s), None)
+    assert line is not None, out.stderr[-3000:]
+    assert "all_reduce #3 (float32 [4]; 16 B) on group [0, 1] timed out after 5 s on rank 0: ranks [1] did not arrive" in line
+    assert "did not answer" not in line, line
+    code = " (exit code 0)" if launcher == "run" else ""  # plain mpiexec: the exit handler cannot see the code
+    assert f"last started: rank 0 #3, rank 1 #2; rank 1 had finished its program{code}." in line, line
+    if launcher == "run":
+        first = out.stderr[out.stderr.index("polydist run: job failed"):].splitlines()[0]
+        assert first.endswith("rank 1 never called it — it had finished its program (exit code 0)"), first

@@ -30,10 +30,19 @@ timeout raises the alarm:
    be cancelled, so the MPI group calls ``MPI_Abort`` after the dump, as NCCL's
    watchdog aborts its communicators, and mpiexec, ``polydist run``, horovodrun
    or Slurm end the other ranks.
+
+A rank that ends its program while the others still wait leaves a note in
+the store (:meth:`Watchdog.finished`, at exit): the number it last started on
+each group and its exit code where its launcher knows it. The alarm reads it
+as that rank's answer, so the error says the rank had finished instead of
+that it did not answer.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
 import os
 import sys
 import threading
@@ -50,6 +59,7 @@ __all__ = ["GroupTag", "WATCHDOG", "Watchdog", "seconds", "end_process"]
 
 _PREFIX = "polydist/watchdog/"
 _ALARM = _PREFIX + "alarm"
+_FINISHED = _PREFIX + "finished/"  # + global rank: the note of a rank that ended its program (Watchdog.finished)
 
 
 def seconds(timeout: Optional[timedelta]) -> Optional[float]:
@@ -87,6 +97,8 @@ class Watchdog:
         self._polling = True  # the store answers (a dead store or one without keys ends the polling)
         self._answered = False
         self._fired = False
+        self._gone: dict = {}  # key -> (rank, last started) of groups destroyed, for the note of finished()
+        self._noted = False
 
     def watch(self, group: Any) -> None:
         """Watch ``group`` (a PythonProcessGroup); starts the thread on the first group."""
@@ -96,9 +108,39 @@ class Watchdog:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="polydist-watchdog", daemon=True)
                 self._thread.start()
+                atexit.register(self.finished)  # a process that errs ends through MPI_Abort or os._exit, not here
 
     def forget(self, group: Any) -> None:
+        """Stop watching ``group`` (destroyed or aborted); what :meth:`finished` tells of it is kept."""
         self.groups.discard(group)
+        self._gone[group._tag.key] = (group._tag.rank, group._seq, len(group._tag.ranks))
+
+    def failing(self) -> None:
+        """This process ends for a failure (``MPI_Abort``, which may return, then exit handlers run): no note."""
+        self._noted = True
+
+    def finished(self, code: Optional[int] = None) -> None:
+        """This rank ended its program (exit ``code``; None: at exit, code unknown): leave the number it last
+        started on each group in the store, where another rank's alarm finds it (:meth:`_alarm`).
+
+        Called by ``polydist run``'s worker when the program ends, by
+        ``finalize`` at exit while the group polydist made lives, and at
+        exit. Once per process, one ``set``: a store whose host has gone
+        takes a single set without a word (a second one prints torch's
+        warning). Not when the default group was destroyed and the store
+        went with it.
+        """
+        if self._noted or code is None and getattr(sys, "last_value", None) is not None:  # an uncaught exception
+            return
+        self._noted = True
+        last = {key: (rank, seq) for key, (rank, seq, size) in self._gone.items() if size > 1}
+        last.update({g._tag.key: (g._tag.rank, g._seq) for g in list(self.groups) if len(g._tag.ranks) > 1})
+        if not last:
+            return
+        rank = next(iter(last.values()))[0]
+        note = json.dumps({"code": code, "last": {key: seq for key, (_, seq) in last.items()}})
+        with contextlib.suppress(Exception):  # no store, or it is gone: nothing to tell
+            self._store().set(f"{_FINISHED}{rank}", note)
 
     def retune(self) -> None:
         """The check interval: a quarter of the shortest timeout, between 50 ms and 1 s."""
@@ -164,6 +206,26 @@ class Watchdog:
     def _last_started(self) -> str:
         return "; ".join(f"last started #{g._seq} on group {list(g._tag.ranks)}" for g in list(self.groups))
 
+    def _answers(self, store: Any, tag: GroupTag) -> tuple:
+        """``({rank: last started on the group}, {rank: exit code of a rank that had finished its program})``,
+        read within the grace: each rank answers the alarm, or had left its note when it finished."""
+        from ..collectives import timeouts
+
+        keys = {r: f"{_PREFIX}last/{tag.key}/{r}" for r in tag.ranks}
+        started: dict = {}
+        ended: dict = {}
+        deadline = time.monotonic() + timeouts.grace(tag.timeout_s)
+        while True:
+            for r in [r for r in tag.ranks if r not in started]:
+                if store.check([keys[r]]):
+                    started[r] = int(store.get(keys[r]))
+                elif store.check([f"{_FINISHED}{r}"]):
+                    note = json.loads(store.get(f"{_FINISHED}{r}"))
+                    started[r], ended[r] = int(note["last"].get(tag.key, 0)), note["code"]
+            if len(started) == len(tag.ranks) or time.monotonic() >= deadline:
+                return started, ended
+            time.sleep(0.05)
+
     def _alarm(self, group: Any, record: list) -> None:
         from ..collectives import timeouts
 
@@ -177,14 +239,12 @@ class Watchdog:
             store = self._store()
             store.set(_ALARM, f"rank {tag.rank}: {name} #{seq} on group {list(tag.ranks)} timed out")
             self._answer(store)
-            keys = {r: f"{_PREFIX}last/{tag.key}/{r}" for r in tag.ranks}
-            deadline = time.monotonic() + timeouts.grace(tag.timeout_s)
-            while not store.check(list(keys.values())) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            started = {r: int(store.get(k)) for r, k in keys.items() if store.check([k])}
+            started, ended = self._answers(store, tag)
             seen = {r for r, n in started.items() if n >= seq}
             silent = [r for r in tag.ranks if r not in started]
             last = "; last started: " + ", ".join(f"rank {r} #{n}" for r, n in sorted(started.items()))
+            for r, code in sorted(ended.items()):
+                last += f"; rank {r} had finished its program" + ("" if code is None else f" (exit code {code})")
             if silent:
                 last += f"; ranks {silent} did not answer (frozen or gone)"
         except Exception as exc:  # noqa: BLE001 - the store may be gone too, or the group has none
@@ -209,6 +269,7 @@ def end_process(rank: int, text: str, code: int = 1) -> None:
     """End this process now, its error ``text`` left for ``polydist run``: the launcher ends the other ranks."""
     from .mpi4py.job import record_failure
 
+    WATCHDOG.failing()
     record_failure(rank, text)
     sys.stdout.flush()
     sys.stderr.flush()

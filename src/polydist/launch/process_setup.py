@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ from ..trace.records import is_library
 
 __all__ = [
     "worker_setup", "death_signal_setter", "die_with_parent", "worker_errors", "dump_when_uncaught", "interrupted",
+    "adopt_own_groups",
     "PEER_GONE",
     "record_pid", "mark_done", "pids", "rank_files", "prefix_output",
 ]  # fmt: skip
@@ -63,6 +65,8 @@ def worker_setup() -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         local = detect().local_world_size or 1  # any launcher's count: mpiexec exports no LOCAL_WORLD_SIZE
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local, 1)))
+    global _in_worker
+    _in_worker = True
     group_timeout.apply()  # polydist run --timeout: also for the groups the program creates without polydist
     leaving.start()  # debug mode: a rank that leaves while others wait in a call it skipped, also without polydist
 
@@ -164,6 +168,42 @@ def dump_when_uncaught() -> None:
 
     hook._polydist_dump = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+_in_worker = False  # polydist run's worker or spawn's process: its own entry dumps and installs the handlers
+
+
+def adopt_own_groups(adopt: Callable[[], object]) -> None:
+    """With ``$POLYDIST_TRACE_DIR`` set, outside polydist's own launchers: the program's own
+    ``init_process_group`` (or one made before polydist was imported) is adopted at once (``adopt``:
+    :func:`polydist.context.world`), so that a program that imports polydist and calls none of its functions,
+    under torchrun, mpiexec or srun, gets the same dumps as one that calls polydist: on SIGUSR1, on the
+    launcher's SIGTERM and on an uncaught exception (hooks wired in :mod:`polydist._wiring`). Its rank writes
+    nothing it would not have written without polydist; a group polydist cannot adopt (not the launcher's
+    world) is left as it is, with one line on stderr. Idempotent."""
+    c10d = getattr(torch.distributed, "distributed_c10d", None)
+    if not TRACE_DIR.read() or c10d is None or getattr(c10d.init_process_group, "_polydist_adopts", False):
+        return
+    init = c10d.init_process_group
+
+    def adopted() -> None:
+        if _in_worker:
+            return
+        try:
+            adopt()
+        except Exception as exc:  # noqa: BLE001 - a diagnostic aid must not change the program's outcome
+            print(f"polydist: no dumps for this process group ({type(exc).__name__}: {str(exc).splitlines()[0]})",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    @functools.wraps(init)
+    def init_process_group(*args, **kwargs):  # type: ignore[no-untyped-def]
+        init(*args, **kwargs)
+        adopted()
+
+    init_process_group._polydist_adopts = True  # type: ignore[attr-defined]
+    c10d.init_process_group = torch.distributed.init_process_group = init_process_group
+    if _torch.default_pg() is not None:  # polydist imported after the program made its group
+        adopted()
 
 
 # ------------------------------------------------------------ under mpiexec: files for the launcher, prefixed output

@@ -13,7 +13,7 @@ import logging
 import os
 from typing import Any, Callable, Optional
 
-from .. import context, settings
+from .. import _at_exit, context, settings
 from ..backends import registry
 from .trace_dir import job_trace_dir
 from .elastic import _check_positive, check_node_rank, launch
@@ -32,6 +32,7 @@ def _spawned(
     trace_dir: Optional[str] = None,
 ) -> Any:
     """Body of each spawned process: join the job, call ``fn(local_rank, ...)``, leave."""
+    _at_exit.no_teardown()  # first, as in polydist run's workers: its handler runs after the program's
     die_with_parent(parent_pid)
     if trace_dir:  # this process's own environment: where its flight-recorder dumps go
         os.environ[settings.TRACE_DIR.name] = trace_dir

@@ -21,6 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from .. import _at_exit, ft
 from ..backends.mpi4py import job as mpi_job, ulfm
+from ..backends.watchdog import WATCHDOG
 from .environment import detect
 from .. import settings
 from .process_setup import (
@@ -136,6 +137,7 @@ def _ask_peers(rank: int) -> None:
 
 def _finishing(rank: int) -> None:
     mark_done(rank)  # this rank's exit is not a failure, whenever the others end
+    WATCHDOG.finished(0)  # and a rank whose watchdog waits for this one says it had finished, not that it is silent
     mark_finished()  # and polydist trace says it had finished, if the others wait for it
     ignore_exit_notices()  # Hydra's SIGUSR1s as the other ranks exit
 

@@ -173,12 +173,13 @@ def test_launcher_support_without_starting_mpi(tmp_path):
 
 def test_classification_and_options_need_no_mpi():
     assert ulfm.is_process_failure(RuntimeError("MPI_ERR_PROC_FAILED")) is False
-    assert ulfm.launcher_options() == ["--with-ft", "ulfm", "--mca", "async_mpi_finalize", "true"]
+    assert ulfm.launcher_options() == ["--with-ft", "ulfm", "--mca", "async_mpi_finalize", "true",
+                                       "--mca", "coll", "^han,cuda"]  # hierarchical collectives: not fault-tolerant
     options = ulfm.launcher_options(2.0)
     assert options[:2] == ["--with-ft", "ulfm"] and "mpi_ft_detector_thread" not in options  # its finalize hangs
     pairs = dict(zip(options[3::3], options[4::3]))
-    assert pairs == {"async_mpi_finalize": "true", "mpi_ft_detector": "true", "mpi_ft_detector_period": "0.5",
-                     "mpi_ft_detector_timeout": "2"}  # fmt: skip
+    assert pairs == {"async_mpi_finalize": "true", "coll": "^han,cuda", "mpi_ft_detector": "true",
+                     "mpi_ft_detector_period": "0.5", "mpi_ft_detector_timeout": "2"}  # fmt: skip
     with pytest.raises(ValueError):
         ulfm.launcher_options(0)
     for bad in (-1, 1 << 31, True, 2.0):  # refused before any MPI call (comm is never touched)

@@ -28,10 +28,11 @@ class Growth:
     """The spawn of ``replica``'s replacement, under way on a thread (see the module docstring).
 
     Collective to create (a ``Dup`` of ``comm``, on the caller's thread, in step on every live rank).
-    ``command``: the replacement's command line; ``env``: what joins its environment.
+    ``command``: the replacement's command line; ``env``: what joins its environment; ``host``: where to start
+    it (Open MPI's ``host`` spawn key; None: where Open MPI maps it).
     """
 
-    def __init__(self, comm: Any, replica: int, command: list, env: dict) -> None:
+    def __init__(self, comm: Any, replica: int, command: list, env: dict, host: Optional[str] = None) -> None:
         MPI = _mpi.mpi()
         self.replica = replica
         self.comm = comm.Dup()
@@ -41,12 +42,13 @@ class Growth:
         self._done = threading.Event()
         self._lock = threading.Lock()  # give_up vs the thread's merge: the replacement is told either way
         self._given_up = False
-        self._thread = threading.Thread(target=self._spawn, args=(command, env), name="polydist-ft-spawn", daemon=True)
+        self._thread = threading.Thread(target=self._spawn, args=(command, env, host), name="polydist-ft-spawn", daemon=True)
         self._thread.start()
 
-    def _spawn(self, command: list, env: dict) -> None:
+    def _spawn(self, command: list, env: dict, host: Optional[str]) -> None:
         try:
-            merged = ulfm.grow(self.comm, 1, command[0], command[1:], env=env, info={"map_by": "slot:oversubscribe"})
+            info = {"map_by": "slot:oversubscribe", **({"host": host} if host else {})}
+            merged = ulfm.grow(self.comm, 1, command[0], command[1:], env=env, info=info)
             with self._lock:
                 self.merged = merged
                 if self._given_up:  # given up while it was starting

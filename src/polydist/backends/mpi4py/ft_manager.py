@@ -200,7 +200,7 @@ class UlfmManager:
             # took them all: 2 OpenMP threads among 4 busy ranks on 2 cores hung in MKL's sgemm, 2 runs of 8)
             env = {REPLICA: str(replica), settings.RESTART_COUNT.name: str(self._replaced[replica]),
                    "OMP_NUM_THREADS": str(torch.get_num_threads())}  # fmt: skip
-            self._growth = Growth(self._comm, replica, self._command, env)
+            self._growth = Growth(self._comm, replica, self._command, env, host=self._spawn_host())
 
     def should_commit(self, timeout: Optional[timedelta] = None) -> bool:
         """The vote of every live rank on this step; on a failure, the survivors shrink and the step is discarded."""
@@ -237,6 +237,16 @@ class UlfmManager:
         """Collective: where each rank runs, so that a rank declared lost while alive (hung outside MPI: Open MPI's
         detector saw no progress for the timeout) can be ended; it would otherwise hold mpiexec for ever."""
         self._pids = self._comm.allgather((socket.gethostname(), os.getpid()))
+
+    def _spawn_host(self) -> Optional[str]:
+        """Where a replacement starts: on a job spread over several hosts, the spawning rank's own (the first
+        live rank's). Open MPI 5's spawn onto another host of the job fails in its runtime (PMIX_ERROR in prted's
+        pmix_server_dyn.c, then a crashed replacement or mpiexec: 3 of 3 tries on two hosts; open-mpi/ompi#12601,
+        #13521), and the host that lost a rank may be gone. Short name: Open MPI strips the domain by default."""
+        if len({host for host, _ in self._pids}) < 2:
+            return None  # one host: Open MPI's own mapping, as before
+        name = socket.gethostname()
+        return name if name.replace(".", "").isdigit() else name.split(".")[0]
 
     def _end(self, ranks: list) -> None:
         here = socket.gethostname()

@@ -138,6 +138,8 @@ def install_abort_hook() -> None:
 # polydist.trace.dump writes this rank's flight-recorder dump, polydist run's worker
 # asks the other ranks of the node for theirs.
 before_abort: list = []
+# Called as hook() by abort(), whatever the cause: the watchdog, whose exit note must not say the program finished.
+on_abort: list = []
 
 
 def fail(rank: int, exc: BaseException, text: str, code: int) -> None:
@@ -158,6 +160,8 @@ def record_failure(rank: int, text: str) -> None:
 
 def abort(code: int) -> None:
     """Flush this rank's output and end every rank of the MPI job with ``code`` (``MPI_Abort``)."""
+    for hook in on_abort:  # MPICH's MPI_Abort returns under polydist run: exit handlers still run after it
+        hook()
     sys.stdout.flush()
     sys.stderr.flush()
     # mpiexec exits on MPI_Abort, sometimes before forwarding the traceback just written

@@ -143,8 +143,12 @@ def launcher_options(detector_timeout: Optional[float] = None) -> list:
     Open MPI 5.0.11's threaded detector would avoid that but hangs ``MPI_Finalize``, so it stays off.
     ``async_mpi_finalize`` skips the PMIx fence that begins ``MPI_Finalize``: after a lost rank it
     sometimes never completed (2 of 45 jobs); ULFM's finalize flushes with a barrier of its own.
+    ``coll ^han,cuda``: Open MPI picks its hierarchical collectives (``han``; ``cuda`` where built) for a
+    communicator that spans nodes, and they are not fault-tolerant: with a rank of 4 on two hosts killed,
+    each survivor's ``MPI_Allreduce`` returned ``MPI_SUCCESS`` with a partial sum, the vote committed
+    the step and the replicas' states drifted apart (open-mpi/ompi#13915, open); ``tuned`` serves instead.
     """
-    options = ["--with-ft", "ulfm", "--mca", "async_mpi_finalize", "true"]
+    options = ["--with-ft", "ulfm", "--mca", "async_mpi_finalize", "true", "--mca", "coll", "^han,cuda"]
     if detector_timeout is not None:
         if not detector_timeout > 0:
             raise ValueError(f"detector_timeout must be > 0 seconds, got {detector_timeout!r}")
