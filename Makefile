@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.polydist-installed
 
-.PHONY: demo test test-ft fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy hang-table test-slurm test-system clean
+.PHONY: demo test test-torch test-ft fuzz setup docs docs-setup docs-serve horovod test-horovod xla test-xla mpi-runtimes test-openmpi test-impi engines test-engines test-heavy hang-table test-slurm test-system clean
 
 setup: $(STAMP)
 
@@ -26,8 +26,33 @@ demo: $(STAMP)
 # The whole suite, with the MPI smoke tests also under Open MPI and Intel MPI (tests/backends/mpi4py/test_mpi_runtimes.py);
 # it prints its 25 slowest tests. What belongs in it, and the heavier targets below: docs/contributing.md.
 # The library and its launch paths (about 12 minutes on 2 cores): every test but the system tests and the engines.
+SUITE := -m "not engines and not system and not ft" --durations=25
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not engines and not system and not ft" --durations=25
+	$(BIN)/python -m pytest $(SUITE)
+
+# make test's suite on another torch (TORCH=2.14.1; the tested versions: docs/getting-started.md), with the MPI smoke tests
+# also under Open MPI and Intel MPI, in a venv of its own, $(VENV)-torch-$(TORCH) (2.14.1's wheel pulls ~4 GB of
+# CUDA packages; ~1 minute with the pip cache warm); the main venv keeps 2.13.0. polydist is installed into it, not
+# linked (an editable install would rebuild the compiled parts in src/ for that torch, under the main venv's feet),
+# so the stamp depends on every source file: a change reinstalls it (seconds; the compiled parts are rebuilt, ~7
+# minutes on 2 loaded cores, only where their source changed: setup.py keeps one build folder per torch).
+TORCH       ?= 2.14.1
+TORCH_VENV  := $(VENV)-torch-$(TORCH)
+TORCH_STAMP := $(TORCH_VENV)/.polydist-installed
+
+$(TORCH_STAMP): pyproject.toml setup.py $(shell find src/polydist -type f -not -name '*.so' -not -name '_built.json' -not -path '*/__pycache__/*')
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install --quiet torch==$(TORCH) "setuptools>=68"
+	$(TORCH_VENV)/bin/python -m pip install --quiet --no-build-isolation torch==$(TORCH) ".[examples,test,ft]"
+	touch $(TORCH_STAMP)
+
+$(TORCH_VENV)/mpi/%/.installed: $(TORCH_STAMP) tools/mpi_runtime.sh
+	tools/mpi_runtime.sh $(TORCH_VENV)/bin/python $* $(TORCH_VENV)/mpi/$*
+
+test-torch: $(TORCH_STAMP) $(TORCH_VENV)/mpi/openmpi/.installed $(TORCH_VENV)/mpi/impi/.installed
+	$(TORCH_VENV)/bin/polydist info | sed -n '/^compiled parts:/,$$p'
+	$(TORCH_VENV)/bin/python -m pytest $(SUITE)
+	$(TORCH_VENV)/bin/python -m pytest -p no:cacheprovider tests/backends/mpi4py/test_mpi_runtimes.py  # marked system
 
 # The fault-tolerance suite (marker ft; about 4 minutes on 2 cores): whole polydist run --fault-tolerant jobs that lose
 # a replica group (SIGKILL, an exception, SIGSTOP, a hang) and go on, on gloo (torchft) and on mpi under Open MPI

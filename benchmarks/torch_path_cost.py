@@ -282,9 +282,11 @@ def main() -> None:
         sys.exit(f"the job failed:\n{done.stdout}\n{done.stderr}")
     data = json.loads(done.stdout.strip().splitlines()[-1])
     data["pieces"] = pieces(args)
+    import torch
     data.update(
-        command=" ".join(["python", "benchmarks/torch_path_cost.py", *sys.argv[1:]]),
-        when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
+        # the interpreter names the venv, so the torch, a result was made with (.venv: 2.13.0; make test-torch's)
+        command=" ".join([os.path.relpath(sys.executable), "benchmarks/torch_path_cost.py", *sys.argv[1:]]),
+        torch=torch.__version__, when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
         cpus=os.cpu_count(), load_before=load, load_after=os.getloadavg(),
     )  # fmt: skip
     rows = data["rows"]
@@ -292,7 +294,7 @@ def main() -> None:
         f"Command: `{data['command']}`; {args.ranks} rank(s) under mpiexec; median over {args.blocks} interleaved blocks "
         "(a block: the slower rank's time).",
         "",
-        f"# torch.distributed on polydist's mpi group: cost per call ({data['when']}, {data['cpus']} CPUs, "
+        f"# torch.distributed on polydist's mpi group: cost per call (torch {data['torch']}, {data['when']}, {data['cpus']} CPUs, "
         f"load average {data['load_before'][0]:.1f} before, {data['load_after'][0]:.1f} after)",
         "",
         "| call | size | µs per call | x raw mpi4py |",

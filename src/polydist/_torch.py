@@ -188,6 +188,10 @@ def groups_named_by_ranks() -> Iterator[None]:
     rank-list groups used by different ranks) compute different names and
     wait for each other forever. polydist creates each rank list's group at
     most once per world, so the ranks alone name it uniquely.
+
+    torch's count of groups is kept: 2.14 counts these groups too, on their
+    members alone, so the next group every rank makes, named by the count,
+    would get other names on the members than on the rest (a hang).
     """
     original = getattr(_c10d, "_hash_ranks_to_str", None)
     if original is None:  # older PyTorch: the name already depends on the ranks only
@@ -196,10 +200,12 @@ def groups_named_by_ranks() -> Iterator[None]:
     _c10d._hash_ranks_to_str = lambda ranks: hashlib.sha1(
         ("polydist_" + "_".join(map(str, ranks))).encode(), usedforsecurity=False
     ).hexdigest()
+    count = _c10d._world.group_count
     try:
         yield
     finally:
         _c10d._hash_ranks_to_str = original
+        _c10d._world.group_count = count
 
 
 # ---------------------------------------------------------------- what torch refuses by a backend's name

@@ -181,6 +181,23 @@ def test_groups_as_rank_lists_and_process_groups(world4):
     assert all(out["pg"] == 6 for out in results)
 
 
+
+def _counts_of_groups():
+    """torch's count of groups on each rank after ranks 0 and 3 alone made the group of the rank list [0, 3]."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if pd.get_rank() in (0, 3):
+        pd.all_reduce(torch.ones(1), group=[0, 3])
+    return pd.all_gather(c10d._world.group_count)
+
+
+@pytest.mark.subgroups
+def test_a_rank_list_group_leaves_torchs_count_of_groups_alike_on_every_rank(world4):
+    """torch names a group every rank makes by its count of groups: were a members-only group counted on its members
+    alone (torch 2.14 counts it), the next such group would get different names on the ranks, which then hang."""
+    for counts in world4.run(_counts_of_groups):
+        assert len(set(counts)) == 1, counts
+
 # ------------------------------------------------------------ broadcast
 
 

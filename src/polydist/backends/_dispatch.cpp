@@ -1,6 +1,6 @@
 // Torch's dispatcher ops (torch.ops.c10d.allreduce_, ...) for polydist's Python groups, taken while a tool watches
 // the dispatcher, so that CommDebugMode, the profiler's c10d events and tracing modes see the same program on
-// polydist's backends as on gloo (issue 52), and skipped otherwise, where they cost more than the MPI call.
+// polydist's backends as on gloo, and skipped otherwise, where they cost more than the MPI call.
 //
 // Optional, as _lean.cpp: setup.py builds it where torch's headers and a C++ compiler are found; without it a
 // Python group stands beside the dispatcher (backends/dispatch.py). torch 2.13 gives Python no Backend it can
@@ -20,7 +20,7 @@
 #include <torch/csrc/profiler/orchestration/observer.h>
 #if __has_include(<torch/csrc/distributed/c10d/PyProcessGroup.hpp>)
 #include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
-#else  // torch 2.14 moved the Python bindings' headers into c10d/py/ (issue 52: not yet built against it here)
+#else  // torch 2.14 moved the Python bindings' headers into c10d/py/ (built and tested on 2.13.0 and 2.14.1)
 #include <torch/csrc/distributed/c10d/py/PyProcessGroup.hpp>
 #endif
 #include <torch/version.h>

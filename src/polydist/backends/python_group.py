@@ -67,6 +67,12 @@ class PythonProcessGroup(GroupOperations, DirectProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - PyTorch's name
         return self._backend
 
+    def _get_backend(self, device: Any) -> Any:
+        """torch's Backend of this group for ``device``: the dispatcher's one (:func:`dispatch.for_torch`) where
+        registered, else the group itself, which runs its operations (torch 2.14's ``batch_isend_irecv`` asks
+        the group's Backend whether it coalesces; torch's C++ lookup raised without one)."""
+        return self if self._dispatch_backend is None else super()._get_backend(device)
+
     # torch names each group (destroy_process_group unregisters it by name); the C++
     # ProcessGroup keeps the name on its backend objects, which a Python group has none of.
     def _set_group_name(self, name: str) -> None:

@@ -583,6 +583,30 @@ def test_mpi_without_mpi4py_names_the_fix(monkeypatch):
     assert registry.resolve("MPI") == ("mpi" if backend.native_mpi_available() else "mpi4py")
 
 
+
+def test_the_stand_in_reads_the_timeout_torch_gave_its_caller():
+    """torch's ``ProcessGroupMPI.create`` takes no timeout: the stand-in reads the one ``init_process_group`` got
+    from its caller, torch 2.13's ``_new_process_group_helper`` (a local) or 2.14's built-in plugin creator
+    ``_create_mpi_process_group`` (its options); without it the watchdog would wait torch's default 30 minutes."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from polydist.backends.mpi4py import _torch_timeout
+
+    def _new_process_group_helper(timeout):
+        return _torch_timeout(sys._getframe())
+
+    def _create_mpi_process_group(opts):
+        return _torch_timeout(sys._getframe())
+
+    def some_other_caller(timeout):
+        return _torch_timeout(sys._getframe())
+
+    three = timedelta(seconds=3)
+    assert _new_process_group_helper(three) == three
+    assert _create_mpi_process_group(SimpleNamespace(timeout=three)) == three
+    assert some_other_caller(three) is None
+
 def test_mpi4py_not_imported_by_polydist_import(cli_env):
     """Registering the backend must not start MPI (importing mpi4py.MPI calls MPI_Init)."""
     code = "import sys, polydist; print('mpi4py.MPI' in sys.modules, 'mpi4py' in __import__('torch').distributed.Backend.backend_list)"

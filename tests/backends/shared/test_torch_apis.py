@@ -57,6 +57,34 @@ def test_batch_isend_irecv_ring(world3):
         assert got.tolist() == [float((r - 1) % 3)] * 3
 
 
+def _batched_ring_without_the_dispatchers_backend():
+    """The ring on a group made as where polydist's Backend for torch's dispatcher is not built (a Python group
+    then is its own Backend: torch 2.14's batch_isend_irecv asks the group's Backend whether it coalesces)."""
+    import os
+
+    from polydist import settings
+
+    os.environ[settings.DISPATCH.name] = "0"
+    try:
+        group = dist.new_group([0, 1, 2])
+    finally:
+        del os.environ[settings.DISPATCH.name]
+    r, got = dist.get_rank(), torch.empty(3)
+    ops = [dist.P2POp(dist.isend, torch.full((3,), float(r)), (r + 1) % 3, group),
+           dist.P2POp(dist.irecv, got, (r - 1) % 3, group)]  # fmt: skip
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    dist.destroy_process_group(group)
+    return got
+
+
+@pytest.mark.p2p
+@pytest.mark.subgroups
+def test_batch_isend_irecv_ring_on_a_group_without_the_dispatchers_backend(world3):
+    for r, got in enumerate(world3.run(_batched_ring_without_the_dispatchers_backend)):
+        assert got.tolist() == [float((r - 1) % 3)] * 3
+
+
 def _functional():
     import torch.distributed._functional_collectives as funcol
 

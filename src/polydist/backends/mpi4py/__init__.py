@@ -119,11 +119,16 @@ def _check_mpi_can_join(info: Any, backend: str) -> None:
 
 
 def _torch_timeout(frame: Any) -> Optional[timedelta]:
-    """The timeout torch's ``_new_process_group_helper`` (``frame``) was given: torch does not pass it to
-    ``ProcessGroupMPI.create``, which has no timeout of its own. None where this torch's helper differs."""
-    if frame.f_code.co_name != "_new_process_group_helper":
+    """The timeout torch gave the caller of ``ProcessGroupMPI.create`` (``frame``), which has no timeout of its own:
+    torch 2.13's ``_new_process_group_helper`` holds it, 2.14's creator of its built-in ``mpi`` plugin
+    (``_create_mpi_process_group``) in its options. None where this torch's caller differs."""
+    name, local = frame.f_code.co_name, frame.f_locals
+    if name == "_new_process_group_helper":
+        timeout = local.get("timeout")
+    elif name == "_create_mpi_process_group":
+        timeout = getattr(local.get("opts"), "timeout", None)
+    else:
         return None
-    timeout = frame.f_locals.get("timeout")
     return timeout if isinstance(timeout, timedelta) else None
 
 

