@@ -305,8 +305,12 @@ def _wait_for_every_rank(state: World, wait: bool = True) -> None:
         if store.add(f"{key}/out", 1) < state.size:
             # Rank 0 usually serves the store (polydist's rendezvous, torch's env:// without an agent): at exit too it
             # waits, briefly, for the others to be done with it, so that their last add does not meet a closed store.
-            if wait or state.rank == 0:
-                store.wait([f"{key}/out/all"], timedelta(seconds=_LAST_OUT_S if wait else _COUNT_OUT_S))
+            if wait:
+                store.wait([f"{key}/out/all"], timedelta(seconds=_LAST_OUT_S))
+            elif state.rank == 0:  # looks, not a wait: torch's store prints two warnings when a wait times out,
+                deadline = time.monotonic() + _COUNT_OUT_S  # and at exit after an error that may well happen
+                while not store.check([f"{key}/out/all"]) and time.monotonic() < deadline:
+                    time.sleep(_LOOK_S)
         else:
             store.set(f"{key}/out/all", b"1")
     except Exception:  # noqa: BLE001 - every rank arrived; the store's host may already be gone
