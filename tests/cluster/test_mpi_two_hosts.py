@@ -60,13 +60,21 @@ def mpich_command(two, script_args):
     return [*mpich_launcher(two), "-n", "4", sys.executable, *script_args]
 
 
-def openmpi_launcher(two):
-    """Open MPI's mpiexec up to ``-np``: two ranks a host, each host entered by the wrapper, TCP on the veth pair."""
+def openmpi_settings(two):
+    """Open MPI's settings for the two hosts, as ``(PRRTE's, the ranks')``: each host entered by the wrapper, the
+    runtime's and the ranks' TCP on the veth pair, TCP only between the ranks."""
     subnet = two.hosts[0].addr.rsplit(".", 1)[0] + ".0/24"
+    return ({"plm_ssh_agent": two.wrapper, "oob_tcp_if_include": subnet},
+            {"btl_tcp_if_include": subnet, "btl": "self,tcp"})
+
+
+def openmpi_launcher(two):
+    """Open MPI's mpiexec up to ``-np``: two ranks a host, with :func:`openmpi_settings`."""
+    runtime, ranks = openmpi_settings(two)
     hosts = ",".join(f"{h.hostname}:2" for h in two.hosts)
-    return [os.path.join(OPENMPI_BIN, "mpiexec"), "--allow-run-as-root", "--prtemca", "plm_ssh_agent", two.wrapper,
-            "--prtemca", "oob_tcp_if_include", subnet, "--mca", "btl_tcp_if_include", subnet,
-            "--mca", "btl", "self,tcp", "-H", hosts]
+    return [os.path.join(OPENMPI_BIN, "mpiexec"), "--allow-run-as-root",
+            *(x for k, v in runtime.items() for x in ("--prtemca", k, v)),
+            *(x for k, v in ranks.items() for x in ("--mca", k, v)), "-H", hosts]
 
 
 def openmpi_command(two, script_args):
@@ -211,16 +219,15 @@ def test_fault_tolerant_mpi_job_across_two_hosts_survives_a_killed_rank(hosts, t
     on the spawning rank's host: a crashed spawn) the states differed or the job failed."""
     if not os.path.exists(os.path.join(OPENMPI_BIN, "mpiexec")):
         pytest.skip("no Open MPI runtime (make mpi-runtimes)")
-    subnet = hosts.hosts[0].addr.rsplit(".", 1)[0] + ".0/24"
+    runtime, ranks = openmpi_settings(hosts)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{h.hostname} slots=2\n" for h in hosts.hosts))
     job = os.path.join(ROOT, "tests", "launch", "_ft_job.py")
     argv = [os.path.join(OPENMPI_BIN, "polydist"), "run", "--fault-tolerant", "--backend", "mpi", "--nproc-per-node",
             "4", "--timeout", "5", job, "300"]  # fmt: skip
+    settings = {**{f"PRTE_MCA_{k}": v for k, v in runtime.items()}, **{f"OMPI_MCA_{k}": v for k, v in ranks.items()}}
     out = run_on_host0(hosts, argv, timeout=JOB_S, FT_FAULT="kill:2:40", PATH=f"{OPENMPI_BIN}:{os.environ['PATH']}",
-                       PRTE_MCA_plm_ssh_agent=hosts.wrapper, PRTE_MCA_oob_tcp_if_include=subnet,
-                       PRTE_MCA_prte_default_hostfile=str(hostfile), OMPI_MCA_btl_tcp_if_include=subnet,
-                       OMPI_MCA_btl="self,tcp")  # fmt: skip
+                       PRTE_MCA_prte_default_hostfile=str(hostfile), **settings)  # fmt: skip
     err = out.stderr
     assert out.returncode == 0, f"exit code {out.returncode}\n{out.stdout[-3000:]}\n{err[-6000:]}"
     assert re.search(r"rank 2 \(replica group 2\) lost .* at step \d+; the other replica groups went on", err), err
