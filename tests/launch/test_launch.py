@@ -117,9 +117,11 @@ def test_two_jobs_at_once_never_collide(script, cli_env):
         assert stdout.count("sum=3 world=2") == 2
 
 
-def test_cli_errors_and_info(cli_env, tmp_path):
+def test_cli_errors_and_info(script, cli_env, tmp_path):
     missing = _run(["polydist", "run", str(tmp_path / "nope.py")], cli_env)
     assert missing.returncode == 2 and "no such script" in missing.stderr
+    hostfile = _run(["polydist", "run", "--hostfile", str(tmp_path / "hosts"), "--nproc-per-node", "2", script], cli_env)
+    assert hostfile.returncode == 2 and "--hostfile is for --fault-tolerant --backend mpi" in hostfile.stderr
     info = _run(["polydist", "info"], cli_env)
     assert info.returncode == 0 and "world_size" in info.stdout and "launcher" in info.stdout and "serial" in info.stdout
 

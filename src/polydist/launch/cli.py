@@ -82,8 +82,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="train data-parallel replica groups that survive a lost, frozen or hung one: the others discard the "
         "step in flight and go on, a replacement receives their live state and rejoins (torchft on gloo and nccl; "
         "ULFM on --backend mpi under Open MPI; the program uses auto_model/auto_optim or polydist.fault_tolerance(); "
-        "one line per fault on stderr). On gloo and nccl also on several nodes: one polydist run per node with "
-        "--nnodes N --node-rank R --master-addr A --master-port P, node 0 serving the lighthouse",
+        "one line per fault on stderr). On several nodes: on gloo and nccl one polydist run per node with "
+        "--nnodes N --node-rank R --master-addr A --master-port P, node 0 serving the lighthouse; on mpi one "
+        "polydist run in all with --nnodes N and Open MPI's hosts (--hostfile FILE, or a Slurm allocation)",
+    )
+    run.add_argument(
+        "--hostfile",
+        default=None,
+        metavar="FILE",
+        help="with --fault-tolerant --backend mpi on several hosts (--nnodes N): Open MPI's hostfile, one host a "
+        "line; one polydist run starts --nproc-per-node ranks on each of N of its hosts (not needed inside a Slurm "
+        "allocation, which Open MPI reads itself)",
     )
     run.add_argument(
         "--replica-group-size",
@@ -235,6 +244,9 @@ def _refusal(ns: argparse.Namespace) -> Optional[str]:
         return f"no such script: {ns.script}"
     if ns.backend is not None and ns.backend.lower() not in registry.names():
         return f"unknown backend {ns.backend!r}; use one of: {', '.join(BACKENDS)}"
+    if ns.hostfile and not ns.fault_tolerant:
+        return ("--hostfile is for --fault-tolerant --backend mpi; otherwise give mpiexec your hosts yourself "
+                "(mpiexec -n N --hostfile FILE python SCRIPT), or run one polydist run per node (--nnodes N)")  # fmt: skip
     return _not_on_the_agent(ns) or (fault_tolerant.refusal(ns) if ns.fault_tolerant else None)
 
 

@@ -44,7 +44,7 @@ import tempfile
 import time
 import urllib.parse
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from .. import settings
 from ..backends import registry
@@ -76,10 +76,9 @@ def refusal(ns: argparse.Namespace) -> Optional[str]:
         return (f"--fault-tolerant runs on {', '.join(engines)}, not on --backend {backend}; without it, "
                 "--max-restarts N restarts every rank from the last checkpoint")  # fmt: skip
     if engine == "ulfm":
-        if ns.nnodes != (1, 1) or ns.rdzv_endpoint:
-            return ("--fault-tolerant --backend mpi starts the ranks of one node with mpiexec (no --nnodes, "
-                    "--rdzv-endpoint)")  # fmt: skip
         return fault_tolerant_mpi.refusal(ns)
+    if ns.hostfile:
+        return "--hostfile is Open MPI's, for --fault-tolerant --backend mpi; here: --nnodes N, one polydist run a node"
     nodes = ns.nnodes[1]
     if ns.nnodes[0] != nodes or ns.rdzv_endpoint:
         return ("--fault-tolerant runs a fixed number of nodes (--nnodes N, not MIN:MAX or --rdzv-endpoint): "
@@ -110,11 +109,9 @@ def run(ns: argparse.Namespace, worker: list, trace_dir: str) -> int:
               settings.FT_REPLACEMENTS.name: str(most)}  # fmt: skip
     if "OMP_NUM_THREADS" not in os.environ:  # the node's share: each replica group's agent counts only its own ranks
         common["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ns.nproc_per_node))
-    if _engine(ns) == "ulfm":
-        with tempfile.TemporaryDirectory(prefix="polydist-ft-") as events:
-            env = dict(os.environ, **common, **{settings.FT_EVENTS.name: events})
-            return fault_tolerant_mpi.run(ns, worker, env, lambda proc: _supervise(
-                {r: proc for r in range(replicas)}, Report(replicas), ft_events.Reader(events), None, one_job=True))
+    if _engine(ns) == "ulfm":  # the fault log travels in mpiexec's forwarded stderr: the ranks may be on other hosts
+        return fault_tolerant_mpi.run(ns, worker, dict(os.environ, **common), lambda proc, reader: _supervise(
+            {r: proc for r in range(replicas)}, Report(replicas), reader, None, one_job=True))
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at INFO; read at its import
     try:
         job = _Job.open(ns)
@@ -202,7 +199,7 @@ def _start(replica: int, size: int, most: int, prefix: bool, worker: list, env: 
     return subprocess.Popen(command, env=dict(env, **{settings.TRACE_DIR.name: folder}))
 
 
-def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: Any, one_job: bool = False,
+def _supervise(agents: dict, report: Report, reader: Union[ft_events.Reader, ft_events.StreamReader], store: Any, one_job: bool = False,
                nodes: Optional[ft_nodes.Nodes] = None) -> int:  # fmt: skip
     """Follow the job until every agent ended (``agents``: replica group -> its process; ``one_job``: one process,
     mpiexec, runs them all, and a replica group finished when it said so; ``nodes``: the other nodes' launchers,
@@ -235,6 +232,7 @@ def _supervise(agents: dict, report: Report, reader: ft_events.Reader, store: An
                       file=sys.stderr, flush=True)  # fmt: skip
                 _stop({next(iter(agents.values()))})
         if one_job and len(exits) == len(agents):  # mpiexec's exit code says little under ULFM: the log says more
+            reader.close()
             read()
             exits = {r: 0 if r in report.finished else 1 for r in agents}
             # a replacement still joining when the others finished was told to leave by them (ft_growth)

@@ -12,6 +12,14 @@ sees half a line from a live writer); the launcher reads every file as it
 grows (:class:`Reader`) and turns the events into one line per fault
 (:mod:`polydist.launch.fault_tolerant`).
 
+On MPI (ULFM) the ranks may run on several hosts, started by one
+``mpiexec`` whose forwarded output is the one channel every host has to the
+launcher: there ``$POLYDIST_FT_EVENTS`` is ``stderr:TOKEN`` and each event is
+one line of the process's standard error, marked with the job's token
+(:func:`stream_value`); the launcher reads ``mpiexec``'s standard error
+through :class:`StreamReader`, which takes the marked lines out and passes
+every other byte through to its own.
+
 The folder is the launcher's own (a fresh temporary one, removed at the
 end), but a line is still checked before it is used: an event of an unknown
 kind, a missing field or a field of the wrong type is skipped, never trusted.
@@ -21,12 +29,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import threading
 import time
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 from .. import settings
 
-__all__ = ["KINDS", "record", "Reader", "parse"]
+__all__ = ["KINDS", "record", "Reader", "StreamReader", "stream_value", "parse"]
 
 # kind -> its fields and their types, besides "kind", "replica" (int) and "t" (float, time.time()).
 KINDS: dict[str, dict[str, tuple]] = {
@@ -40,6 +50,8 @@ KINDS: dict[str, dict[str, tuple]] = {
     "finished": {"step": (int,), "digest": (str,)},
 }
 _MAX_LINE = 64 * 1024  # an event is a few hundred bytes; a longer line is not one of ours
+_STREAM = "stderr:"  # $POLYDIST_FT_EVENTS's value when the events travel on stderr; then the job's token
+_MARK = b"\x1epolydist-ft-event "  # then the token, a space and the event (\x1e: ASCII's record separator)
 
 _files: dict[str, Any] = {}  # this process's open log, by folder
 
@@ -56,11 +68,15 @@ def record(kind: str, replica: int, **fields: Any) -> None:
     event = {"kind": kind, "replica": replica, "t": time.time(), **fields}
     if _checked(event) is None:
         raise ValueError(f"not a valid {kind!r} event: {event!r}")
+    line = json.dumps(event, separators=(",", ":")) + "\n"
+    if folder.startswith(_STREAM):  # one write(2) of a short line: never split by another thread's output
+        os.write(2, _MARK + folder[len(_STREAM):].encode("ascii", "replace") + b" " + line.encode("utf-8"))
+        return
     f = _files.get(folder)
     if f is None:
         path = os.path.join(folder, f"events-{os.getpid()}.jsonl")
         f = _files[folder] = open(path, "a", buffering=1, encoding="utf-8")  # line-buffered: one write a line
-    f.write(json.dumps(event, separators=(",", ":")) + "\n")
+    f.write(line)
 
 
 def _checked(event: Any) -> Optional[dict]:
@@ -110,6 +126,82 @@ class Reader:
             events += parse(data[:end])
         events.sort(key=lambda e: e["t"])
         return events
+
+    def close(self, timeout: float = 0.0) -> None:
+        """Nothing to wait for: a file's lines are there once written (as :meth:`StreamReader.close`)."""
+
+
+def stream_value() -> str:
+    """A fresh ``$POLYDIST_FT_EVENTS`` for a job whose events travel on stderr (a random token per job: a line
+    of another job's log that passes through, or an old log printed by the program, is not taken for an event)."""
+    return _STREAM + secrets.token_hex(8)
+
+
+class StreamReader:
+    """The events a job writes on stderr (``value``: its :func:`stream_value`), taken out of ``stream`` (the
+    launched ``mpiexec``'s standard error, a pipe) by a thread that passes every other byte on to ``out`` as
+    it comes; :meth:`new` as :class:`Reader`'s. The thread ends at the stream's end (:meth:`close` waits)."""
+
+    def __init__(self, value: str, stream: BinaryIO, out: BinaryIO) -> None:
+        self._mark = _MARK + value[len(_STREAM):].encode("ascii", "replace") + b" "
+        self._stream, self._out = stream, out
+        self._events: list[dict] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._relay, name="polydist-ft-events", daemon=True)
+        self._thread.start()
+
+    def _relay(self) -> None:
+        # Raw reads, not lines: a program's progress bar ("\r", no newline) reaches the console as it comes.
+        mark, pending, skipping = self._mark, b"", False
+        while True:
+            try:
+                data = os.read(self._stream.fileno(), 65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            pending += data
+            if skipping:  # the rest of a marked line too long to be an event: dropped up to its newline
+                end = pending.find(b"\n")
+                pending, skipping = (b"", True) if end < 0 else (pending[end + 1:], False)
+            while True:
+                at = pending.find(mark)
+                if at < 0:  # pass all on but a tail that may be the start of a mark
+                    keep = next((n for n in range(min(len(mark) - 1, len(pending)), 0, -1)
+                                 if pending.endswith(mark[:n])), 0)  # fmt: skip
+                    self._write(pending[: len(pending) - keep])
+                    pending = pending[len(pending) - keep:]
+                    break
+                self._write(pending[:at])  # a line the program had not ended when the event was written
+                end = pending.find(b"\n", at)
+                if end < 0:  # the rest of the event is still on its way; a line longer than any event is dropped
+                    pending, skipping = (pending[at:], False) if len(pending) - at <= _MAX_LINE else (b"", True)
+                    break
+                events = parse(pending[at + len(mark): end + 1])
+                with self._lock:
+                    self._events += events
+                pending = pending[end + 1:]
+        self._write(pending)
+
+    def _write(self, data: bytes) -> None:
+        if data:
+            try:
+                self._out.write(data)
+                self._out.flush()
+            except (OSError, ValueError):  # the launcher's own stderr closed: the events still count
+                pass
+
+    def new(self) -> list[dict]:
+        """The events taken out since the last call, sorted by time."""
+        with self._lock:
+            events, self._events = self._events, []
+        return sorted(events, key=lambda e: e["t"])
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Wait (up to ``timeout`` s) for the stream's end, once the job ended: its last lines are relayed and
+        its last events are read. (A host's MPI daemon that outlives ``mpiexec`` may hold the stream open: the
+        relay then goes on in the background.)"""
+        self._thread.join(timeout)
 
 
 def parse(data: bytes) -> list[dict]:

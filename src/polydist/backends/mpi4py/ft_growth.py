@@ -8,20 +8,30 @@ The live ranks learn together that every one of them is done through the
 step's commit vote (:meth:`Growth.vote_bits`), and switch to the merged
 communicator at the same step; a replacement they give up (the spawn failed
 on some rank, a rank was lost meanwhile, the job ended first) is told to leave
-by a revoke of the merged communicator, on which it waits for its state.
+on the merged communicator, on which it waits for its state: a state of
+length 0 (:data:`LEAVE`), then a barrier, so that the live ranks go on (or end)
+only once it has left ``MPI_Intercomm_merge``. A bare revoke there raced the
+replacement's own merge, which then crashed (Open MPI 5.0.11: a segfault in
+``MPI_Intercomm_merge``, about 1 run in 7); the revoke stays the fallback,
+after :data:`_LEAVE_S`, for a replacement that never answers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any, Optional
+
+import numpy as np
 
 from . import _mpi, ulfm
 
-__all__ = ["Growth", "DONE", "GROWN"]
+__all__ = ["Growth", "DONE", "GROWN", "LEAVE", "leave"]
 
 DONE, GROWN = 2, 4  # bits of the commit vote besides bit 0 (no error): this rank's spawn ended; it succeeded
+LEAVE = 0  # the length of the state the live ranks announce to a replacement they give up (a real one is >= 1)
+_LEAVE_S = 10.0  # how long the live ranks wait for a given-up replacement's barrier before revoking
 
 
 class Growth:
@@ -77,5 +87,29 @@ class Growth:
 
     def _revoke(self) -> None:
         if self.merged is not None:
-            with contextlib.suppress(Exception):
-                self.merged.Revoke()
+            _send_away(self.merged)
+
+
+def _send_away(merged: Any) -> None:
+    """The live ranks' side of :func:`leave` (collective over ``merged``): announce :data:`LEAVE`, wait (up to
+    :data:`_LEAVE_S`) for the replacement's barrier; revoke ``merged`` if it failed or did not come."""
+    MPI = _mpi.mpi()
+    try:
+        # Blocking, as the replacement's receive of a length (a nonblocking collective never matches a blocking
+        # one); 8 bytes from the root: sent eagerly, no rank waits on the replacement here
+        merged.Bcast([np.array([LEAVE], dtype=np.int64), MPI.INT64_T], root=0)
+        request, deadline = merged.Ibarrier(), time.monotonic() + _LEAVE_S
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the given-up replacement did not answer")
+            time.sleep(0.005)
+    except Exception:  # noqa: BLE001 - failed, revoked or late: the revoke completes whatever is pending
+        with contextlib.suppress(Exception):
+            merged.Revoke()
+
+
+def leave(merged: Any) -> None:
+    """The replacement's side, once it received :data:`LEAVE` as its state's length: the barrier that lets the
+    live ranks go on."""
+    with contextlib.suppress(Exception):  # they revoke if it fails: nothing to do but leave
+        merged.Ibarrier().Wait()  # nonblocking, as the live ranks' (a blocking barrier would not match it)

@@ -49,7 +49,7 @@ import torch
 from ... import codec, settings
 from ...collectives.recorder import RECORDER
 from ..watchdog import GroupTag
-from . import _mpi, ulfm
+from . import _mpi, ft_growth, ulfm
 from .ft_growth import DONE, GROWN, Growth
 
 __all__ = ["UlfmManager", "start"]
@@ -324,6 +324,8 @@ def _receive(comm: Any, limit: int = 1 << 34) -> bytes:
     MPI = _mpi.mpi()
     size = np.zeros(1, dtype=np.int64)
     comm.Bcast([size, MPI.INT64_T], root=0)
+    if int(size[0]) == ft_growth.LEAVE:
+        return b""
     if not 0 < int(size[0]) <= limit:
         raise ValueError(f"the live replica groups announced {int(size[0])} bytes of state; accepted: 1 to {limit}")
     data = np.empty(int(size[0]), dtype=np.uint8)
@@ -347,11 +349,17 @@ def start(command: list) -> tuple:
     if ulfm.is_replacement():
         comm = ulfm.join_parent()
         try:
-            header = _header(codec.decode(_receive(comm)))
-        except MPI.Exception as exc:  # revoked: the live ranks gave this replacement up (the job ended first...)
+            payload = _receive(comm)
+            if not payload:  # LEAVE: the live ranks gave this replacement up (the job ended first...)
+                ft_growth.leave(comm)
+                why = "told to leave"
+        except MPI.Exception as exc:  # revoked: the same, told by a revoke
+            payload, why = b"", exc.Get_error_string().strip()
+        if not payload:
             print(f"polydist: replica group {settings.FT_REPLICA.read()}: the live ranks gave this replacement up "
-                  f"before sending it the state ({exc.Get_error_string().strip()}); leaving", file=sys.stderr, flush=True)
+                  f"before sending it the state ({why}); leaving", file=sys.stderr, flush=True)
             os._exit(0)  # nothing to finalize with: the others have moved on
+        header = _header(codec.decode(payload))
         replica = settings.FT_REPLICA.read()
         if replica is None:
             raise RuntimeError(f"a replacement started without ${REPLICA}: start fault-tolerant MPI jobs with polydist run")
