@@ -1,6 +1,6 @@
 """The state of one distributed world: everything polydist knows about the live default group.
 
-One :class:`World` exists per default process group. :mod:`polydist.context`
+One :class:`World` exists per default process group. :mod:`polydist.live_world`
 owns it: it makes one when a group appears (``initialize()``, or a group the
 user created with ``torch.distributed.init_process_group``) and drops it
 when the default group changes identity (``finalize()``, or the user's

@@ -47,7 +47,7 @@ import urllib.parse
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
-from . import codec, context, settings
+from . import codec, context, live_world, settings
 from .errors import NotInitializedError
 from .launch import ft_events
 from .launch.environment import detect, restart_count
@@ -384,7 +384,7 @@ def stop() -> None:
     session, _session = _session, None
     if session is not None:
         _stopped = True
-        if context.exiting:  # an error ended the program (the worker stops a finished one first): no end to log
+        if live_world.exiting:  # an error ended the program (the worker stops a finished one first): no end to log
             session.manager.shutdown(wait=False)
         else:
             session.finish()

@@ -44,10 +44,10 @@ class Resolved:
         rank: this process's global rank; ``group_rank`` its rank in the group.
         size: the number of ranks.
         backend: the group's backend name ("gloo", "nccl", "mpi4py", ...).
-        device: where the group's byte buffers live (its entry's :meth:`~polydist.backends.registry.Backend.comm_device`).
+        device: where the group's byte buffers live (its entry's :meth:`~polydist.backends.declaration.Backend.comm_device`).
         entry: its backend's registry entry (:mod:`polydist.backends.registry`).
         direct: the group itself when its entry says polydist's collectives call
-            its direct calls (:meth:`~polydist.backends.registry.Backend.moves_direct`:
+            its direct calls (:meth:`~polydist.backends.declaration.Backend.moves_direct`:
             mpi4py, horovod, the ``mpi`` stand-in), blocking methods called without
             torch.distributed's dispatch (which costs more than a small MPI collective).
         mover: the :class:`~polydist.collectives.mover.Mover` its collectives use, once chosen.

@@ -173,7 +173,7 @@ SUSPECT: set[tuple[str, torch.dtype]] = set()
 def mark_suspects(table: Reductions) -> Reductions:
     """Add the (op, dtype) pairs ``table`` refuses to :data:`SUSPECT`; returns ``table``.
 
-    Called by :func:`polydist.backends.registry.declare` for every entry with a table.
+    Called by :func:`polydist.backends.declaration.declare` for every entry with a table.
     """
     SUSPECT.update((name, d) for name in _CANONICAL.values() for d in _ALL_DTYPES if table.why_not(name, d))
     return table

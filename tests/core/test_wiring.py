@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 import polydist  # noqa: F401 - wires the hooks
-from polydist import _wiring, context, ft
+from polydist import _wiring, context, ft, live_world
 from polydist.backends import leaving
 from polydist.backends.mpi4py import job as mpi_job
 from polydist.collectives import debug, timeouts
@@ -23,12 +23,12 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_importing_polydist_wires_each_hook_once_in_order():
     _wiring.wire()  # a second call adds nothing
-    assert context.on_world_made == [dump.install_signal_handlers, process_setup.dump_when_uncaught, leaving.start]
+    assert live_world.on_world_made == [dump.install_signal_handlers, process_setup.dump_when_uncaught, leaving.start]
     assert (debug.announce, debug.entering, debug.leaving_exchange) == (leaving.announce, leaving.entering,
                                                                         leaving.leaving_exchange)  # fmt: skip
     assert context.on_initialized == [profile.start_session, ft.start]
-    assert context.on_finalize == [debug.check_leaving, profile.end_session, ft.stop,
-                                   _wiring._finished_at_exit]  # the check communicates first
+    assert live_world.on_finalize == [debug.check_leaving, profile.end_session, ft.stop,
+                                      _wiring._finished_at_exit]  # the check communicates first
     assert timeouts.on_timeout == [dump.timed_out]
     assert mpi_job.before_abort == [dump.failed]
 
@@ -41,10 +41,10 @@ def test_importing_a_layer_alone_fills_no_hook_list():
         pkg = types.ModuleType("polydist"); pkg.__path__ = list(spec.submodule_search_locations)
         sys.modules["polydist"] = pkg
         import polydist.trace.dump, polydist.trace.profile, polydist.collectives.debug
-        from polydist import context
+        from polydist import context, live_world
         from polydist.collectives import timeouts
         from polydist.backends.mpi4py import job
-        print(len(context.on_world_made), len(context.on_initialized), len(context.on_finalize),
+        print(len(live_world.on_world_made), len(context.on_initialized), len(live_world.on_finalize),
               len(timeouts.on_timeout), len(job.before_abort))
     """)
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))

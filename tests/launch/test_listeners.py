@@ -93,7 +93,8 @@ pd.barrier()
 def test_polydist_run_listens_on_loopback_only(restarts, tmp_path, cli_env):
     """The launcher's rendezvous store, the store it shares with its workers, and the workers' gloo pairs.
 
-    A restartable job's workers meet on a store of their own, served by rank 0 (polydist._torch.fresh_worker_store).
+    A restartable job's workers meet on a store of their own, served by rank 0
+    (polydist._torch_elastic.fresh_worker_store).
     """
     import subprocess
 

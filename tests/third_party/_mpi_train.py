@@ -96,7 +96,7 @@ def report(out_dir: str, model: torch.nn.Module, losses: list, probes: Optional[
 
 
 def close(destroy: Callable[[], None] = dist.destroy_process_group) -> None:
-    """Leave the job as polydist's exit hook does (polydist/context.py), also for the stock gloo references.
+    """Leave the job as polydist's exit hook does (polydist/_at_exit.py), also for the stock gloo references.
 
     DDP's reducer, often cyclic garbage by then, is freed before the group is
     destroyed, and gloo's workers get a moment to finish: stock torch with gloo

@@ -1,4 +1,4 @@
-"""``finalize``'s wait for the other ranks (``polydist.context._wait_key``): one ``store.wait`` unless a hook
+"""``finalize``'s wait for the other ranks (``polydist.teardown._wait_key``): one ``store.wait`` unless a hook
 (MPI's progress) asks to be called while it waits."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from polydist import context
+from polydist import teardown
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,28 +40,28 @@ def _set_later(store, key, after_s):
 
 def test_without_a_hook_that_wants_calls_it_waits_on_the_store(monkeypatch):
     calls = []
-    monkeypatch.setattr(context, "while_leaving", [lambda: calls.append(1) or False])
+    monkeypatch.setattr(teardown, "while_leaving", [lambda: calls.append(1) or False])
     store = _Counting()
     _set_later(store, "k", 0.5)
-    context._wait_key(store, "k", 10)
+    teardown._wait_key(store, "k", 10)
     assert store.store.check(["k"])
     assert store.waits == 1 and store.checks == 1 and calls == [1]  # no look every _LOOK_S
 
 
 def test_a_hook_that_wants_calls_is_called_until_the_key_is_set(monkeypatch):
     calls = []
-    monkeypatch.setattr(context, "while_leaving", [lambda: calls.append(1) or True])
+    monkeypatch.setattr(teardown, "while_leaving", [lambda: calls.append(1) or True])
     store = _Counting()
     _set_later(store, "k", 0.5)
-    context._wait_key(store, "k", 10)
+    teardown._wait_key(store, "k", 10)
     assert store.waits == 0
-    assert len(calls) >= 0.5 / context._LOOK_S / 2  # called every _LOOK_S, give or take a loaded machine
+    assert len(calls) >= 0.5 / teardown._LOOK_S / 2  # called every _LOOK_S, give or take a loaded machine
 
 
 @pytest.mark.parametrize("wants_calls", [False, True])
 def test_the_limit_holds(monkeypatch, wants_calls):
-    monkeypatch.setattr(context, "while_leaving", [lambda: wants_calls])
+    monkeypatch.setattr(teardown, "while_leaving", [lambda: wants_calls])
     start = time.monotonic()
     with pytest.raises((TimeoutError, dist.DistStoreError)):
-        context._wait_key(_Counting(), "never", 0.3)
+        teardown._wait_key(_Counting(), "never", 0.3)
     assert time.monotonic() - start < 5

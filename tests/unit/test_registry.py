@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import polydist
 from polydist import ops
-from polydist.backends import registry
+from polydist.backends import declaration, registry
 from polydist.collectives import reduce
 from polydist.launch.environment import ProcessInfo
 
@@ -26,10 +26,10 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture
 def declared():
     """Declare entries for the test; the registry and the reduction tables are restored afterwards."""
-    entries, suspect = dict(registry._ENTRIES), set(ops.SUSPECT)
+    entries, suspect = dict(declaration.DECLARED), set(ops.SUSPECT)
     yield registry.declare
-    registry._ENTRIES.clear()
-    registry._ENTRIES.update(entries)
+    declaration.DECLARED.clear()
+    declaration.DECLARED.update(entries)
     ops.SUSPECT.clear()
     ops.SUSPECT.update(suspect)
 

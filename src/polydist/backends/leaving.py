@@ -85,12 +85,12 @@ def start() -> None:
 
 def _at_exit() -> None:
     """At interpreter exit, with the group still alive: leave as :func:`announce` says (once per world)."""
-    from .. import context
+    from .. import live_world
     from ..collectives import debug
 
     if not dist.is_available() or not dist.is_initialized():
         return
-    if context._world is not None:  # polydist's world, made or adopted: its check, with its call counts
+    if live_world._world is not None:  # polydist's world, made or adopted: its check, with its call counts
         debug.check_leaving(at_exit=True)
         return
     try:  # the program's own group, that polydist never used

@@ -1,8 +1,8 @@
 """What a backend does at start, join, launch, adoption and finalize, and for training and data loading.
 
-The second half of a backend's registry entry (:class:`polydist.backends.registry.Backend`'s ``lifecycle``);
-the first, the record of what the core asks about communication, is in :mod:`polydist.backends.registry`,
-which re-exports :class:`Lifecycle`.
+The second half of a backend's registry entry (:class:`polydist.backends.declaration.Backend`'s ``lifecycle``);
+the first, the record of what the core asks about communication, is in :mod:`polydist.backends.declaration`;
+:mod:`polydist.backends.registry` re-exports :class:`Lifecycle`.
 """
 
 from __future__ import annotations

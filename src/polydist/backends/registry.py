@@ -1,15 +1,19 @@
 """The backend registry: what each backend is, declared once; core modules ask here and never compare names.
 
 A backend is its folder (``backends/<name>/``, for those polydist provides)
-plus one :class:`Backend` entry, declared with :func:`declare`. The entry is
-a small record of what the core asks about communication (devices,
-reductions, subgroups, point-to-point, AVG, the mover) and a
+plus one :class:`Backend` entry, declared with :func:`declare`
+(:mod:`polydist.backends.declaration`, whose names this module re-exports).
+The entry is a small record of what the core asks about communication
+(devices, reductions, subgroups, point-to-point, AVG, the mover) and a
 :class:`Lifecycle` object: what the backend does at start, join, launch,
 adoption and finalize, and for training and data loading, each a method
-whose default does nothing special. Declared: torch's own
-backends below, polydist's in their folders (:mod:`~polydist.backends.mpi4py`
-declares ``mpi4py`` and torch's ``mpi``, :mod:`~polydist.backends.horovod`
-``horovod``, :mod:`~polydist.backends.xla` ``xla-tpu``). Any other backend registered with
+whose default does nothing special. Declared: torch's own backends in
+:mod:`polydist.backends.builtin`, polydist's in their folders
+(:mod:`~polydist.backends.mpi4py` declares ``mpi4py`` and torch's ``mpi``,
+:mod:`~polydist.backends.horovod` ``horovod``, :mod:`~polydist.backends.xla`
+``xla-tpu``). This module answers the core's questions from the declared
+entries: which backend a name means, which are available, discovery and
+registration with torch. Any other backend registered with
 ``torch.distributed.Backend.register_backend`` gets the default entry
 (:func:`get`): a CPU backend with torch.distributed's semantics and nothing
 second-guessed.
@@ -20,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import torch
 import torch.distributed as dist
 
-from .. import _torch, ops, settings
-from .dispatch import behind
-from .lifecycle import DEFAULT_LIFECYCLE, Lifecycle
+from .. import _torch, settings
+from .builtin import GLOO, MPI_DTYPES, NCCL, UNSIGNED_WIDE  # noqa: F401 - declared first; re-exported
+from .declaration import DECLARED, DIRECT, SLOTS, Backend, declare  # noqa: F401 - the declaration side, re-exported
+from .lifecycle import Lifecycle
 
 __all__ = [
     "Backend", "Lifecycle", "declare", "get", "names", "default_name", "available_names", "by_init_url", "rendezvous_for",
@@ -33,99 +37,6 @@ __all__ = [
     "adopt_any", "registrar", "Installable", "resolve", "resolved_name", "World", "world",
     "requested_name", "timeout_settable",
 ]
-
-# How polydist's collectives move a group's bytes (:attr:`Backend.mover`; collectives/exchange.py maps them).
-DIRECT = "direct"  # the group's own blocking calls, past torch's dispatch (a DirectProcessGroup: the Python groups)
-SLOTS = "slots"  # torch.distributed calls, the predicted-slot protocol (collectives/slots.py)
-
-
-
-
-@dataclass(frozen=True, eq=False)  # an entry is itself: compared and hashed by identity
-class Backend:
-    """What the core asks about one backend's communication (defaults: what torch.distributed promises of any
-    backend), and its :class:`Lifecycle`.
-
-    Attributes:
-        name: the name ``torch.distributed.get_backend`` gives its groups.
-        builtin: one of torch's own backends (listed first by :func:`available_names`, in declaration order).
-        device: the device type its byte buffers live on; ``"cuda"``: the current CUDA device (:meth:`comm_device`).
-        default_for: the device type it is the default backend for, when that device is visible (:func:`default_name`).
-        reduce_keeps_input: ``reduce`` leaves the non-destination ranks' inputs untouched (gloo writes
-            partial results into them; unknown backends are assumed to, to be safe).
-        native_avg: it has a ``ReduceOp.AVG`` that matches SUM-then-divide.
-        no_subgroups: None when its members alone make groups of fewer ranks than the world; else
-            the error for such a group of the given global ranks, or None where this job can make it
-            with every rank's help (:meth:`Lifecycle.add_group`; horovod with dynamic process sets).
-        point_to_point: it has send/recv.
-        model_name: ``polydist.model_name()`` on it, as ``ignite.distributed`` names it.
-        reductions: what it reduces (op x dtype), checked before any communication; None: not second-guessed.
-        mover: how polydist's collectives move its groups' bytes: :data:`DIRECT` (the group's direct calls:
-            it must be a :class:`~polydist.backends.direct.DirectProcessGroup`) or :data:`SLOTS`; None: by the
-            group (a DirectProcessGroup gets its direct calls, any other the slots). See :meth:`moves_direct`.
-        timeout_settable: its default group's timeout can be changed after creation (torch's
-            ``_set_pg_timeout``: gloo and nccl).
-        torch_recorder: torch's own flight recorder sees its groups' calls (gloo, nccl), so calls not made
-            through polydist's API (DDP's) are in torch's dump, not polydist's.
-        torch_devices: the device types torch is told its groups take (``Backend.register_backend(devices=...)``,
-            ``Backend.backend_capability``) where polydist implements it; None: torch's own backend, left as torch says.
-        listed: named in ``polydist run --help`` (False for second spellings and names that never run here).
-        lifecycle: what it does at start, join, launch, adoption and finalize (:class:`Lifecycle`).
-    """
-
-    name: str
-    builtin: bool = False
-    device: str = "cpu"
-    default_for: Optional[str] = None
-    reduce_keeps_input: bool = False
-    native_avg: bool = False
-    no_subgroups: Optional[Callable[[list], Optional[Exception]]] = None
-    point_to_point: bool = True
-    model_name: str = "native-dist"
-    reductions: Optional[ops.Reductions] = None
-    mover: Optional[str] = None
-    timeout_settable: bool = False
-    torch_recorder: bool = False
-    torch_devices: Optional[tuple] = None
-    listed: bool = True
-    lifecycle: Lifecycle = DEFAULT_LIFECYCLE
-
-    def comm_device(self) -> torch.device:
-        """Where a group of this backend communicates: ``cuda:<current device>`` for CUDA backends, else the type."""
-        if self.device == "cuda":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device(self.device)
-
-    def device_visible(self) -> bool:
-        """Whether this process sees a device of :attr:`device`'s type (:meth:`Lifecycle.sees_device`)."""
-        return self.lifecycle.sees_device(self.device)
-
-    def moves_direct(self, group: Any) -> bool:
-        """Whether polydist's collectives call the direct calls of ``group``'s Python group (:attr:`mover`; the group
-        itself: :func:`~polydist.backends.dispatch.behind`), not torch.distributed's.
-
-        Asked once per group and world (:class:`polydist.groups.Resolved`). Raises ``TypeError`` where the
-        entry declares :data:`DIRECT` for a group that has no direct calls.
-        """
-        direct = behind(group) is not None
-        if self.mover is None:
-            return direct
-        if self.mover == DIRECT and not direct:
-            raise TypeError(f"backend {self.name!r} declares the direct mover, but its group is a "
-                            f"{type(group).__name__}, not a DirectProcessGroup")
-        return self.mover == DIRECT
-
-
-_ENTRIES: dict[str, Backend] = {}
-
-
-def declare(entry: Backend) -> Backend:
-    """Declare (or replace) the entry of ``entry.name``; what its reduction table refuses is marked in :data:`polydist.ops.SUSPECT`."""
-    _ENTRIES[entry.name] = entry
-    if entry.reductions is not None:
-        ops.mark_suspects(entry.reductions)
-    return entry
-
 
 ENTRY_POINT_GROUP = "polydist.backends"
 _discovered: list = []
@@ -152,31 +63,31 @@ def discover() -> None:
 
 def get(name: Optional[str]) -> Backend:
     """The entry of backend ``name`` (as a group reports it); the default entry for a backend declared nowhere."""
-    entry = _ENTRIES.get(str(name))
+    entry = DECLARED.get(str(name))
     return entry if entry is not None else Backend(str(name))
 
 
 def names() -> tuple[str, ...]:
     """Every declared backend, in declaration order."""
-    return tuple(_ENTRIES)
+    return tuple(DECLARED)
 
 
 def by_init_url(url: Optional[str]) -> Optional[Backend]:
     """The backend whose ranks meet by init method ``url``, if one declared it."""
-    return next((e for e in _ENTRIES.values() if url is not None and e.lifecycle.init_url == url), None)
+    return next((e for e in DECLARED.values() if url is not None and e.lifecycle.init_url == url), None)
 
 
 def model_names() -> tuple[str, ...]:
     """idist's names of the computation models the declared backends that can run here give, once each, in
     declaration order (``"native-dist"``, then e.g. ``"horovod-dist"`` where Horovod is installed)."""
-    usable = (e for e in _ENTRIES.values() if (e.lifecycle.available() if e.builtin else e.lifecycle.register()))
+    usable = (e for e in DECLARED.values() if (e.lifecycle.available() if e.builtin else e.lifecycle.register()))
     return tuple(dict.fromkeys(e.model_name for e in usable))
 
 
 def register_all() -> None:
     """Register every declared backend that torch does not know by itself (:meth:`Lifecycle.register`), and tell
     torch the devices of each that polydist implements (:func:`tell_torch`)."""
-    for entry in tuple(_ENTRIES.values()):
+    for entry in tuple(DECLARED.values()):
         if entry.lifecycle.register():
             tell_torch(entry)
 
@@ -206,13 +117,13 @@ def timeout_settable(name: str) -> bool:
 
 def after_destroy_all() -> None:
     """After ``polydist.finalize`` destroyed the group it made: every backend's :meth:`Lifecycle.after_destroy`."""
-    for entry in tuple(_ENTRIES.values()):
+    for entry in tuple(DECLARED.values()):
         entry.lifecycle.after_destroy()
 
 
 def listed_names() -> tuple[str, ...]:
     """The backends ``polydist run --help`` names (:attr:`Backend.listed`), in declaration order."""
-    return tuple(e.name for e in _ENTRIES.values() if e.listed)
+    return tuple(e.name for e in DECLARED.values() if e.listed)
 
 
 def fr_library(backends: Any) -> str:
@@ -223,7 +134,7 @@ def fr_library(backends: Any) -> str:
 
 def adopt_any() -> bool:
     """With no process group: the first backend whose runtime the program started makes one (:meth:`Lifecycle.adopt`)."""
-    return any(e.lifecycle.adopt() for e in tuple(_ENTRIES.values()))
+    return any(e.lifecycle.adopt() for e in tuple(DECLARED.values()))
 
 
 def registrar(name: str, available: Callable[[], bool], create: Callable, scheme: str,
@@ -274,7 +185,7 @@ def rendezvous_for(entry: Backend, info: Any) -> Optional[Backend]:
 
     A backend hosting this job's rendezvous first (MPI's, in an MPI job), else ``entry``'s own.
     """
-    host = next((e for e in _ENTRIES.values() if e.lifecycle.hosts_rendezvous(info)), None)
+    host = next((e for e in DECLARED.values() if e.lifecycle.hosts_rendezvous(info)), None)
     return host if host is not None else (entry if entry.lifecycle.init_url is not None else None)
 
 
@@ -283,10 +194,10 @@ def default_name() -> str:
 
     nccl where CUDA is visible and torch has it, else gloo.
     """
-    for entry in _ENTRIES.values():
+    for entry in DECLARED.values():
         if entry.default_for not in (None, "cpu") and entry.device_visible() and entry.lifecycle.available():
             return entry.name
-    return next(e.name for e in _ENTRIES.values() if e.default_for == "cpu")
+    return next(e.name for e in DECLARED.values() if e.default_for == "cpu")
 
 
 def requested_name() -> str:
@@ -328,8 +239,8 @@ def resolved_name(name: str) -> str:
 
 def available_names() -> tuple[str, ...]:
     """Backends usable in this process: torch's own that are built in (nccl: with CUDA visible), then every other registered one."""
-    listed = [e.name for e in _ENTRIES.values() if e.builtin and e.lifecycle.available()]
-    builtin = {e.name for e in _ENTRIES.values() if e.builtin}
+    listed = [e.name for e in DECLARED.values() if e.builtin and e.lifecycle.available()]
+    builtin = {e.name for e in DECLARED.values() if e.builtin}
     listed.extend(b for b in dist.Backend.backend_list if b not in builtin and b not in listed)
     return tuple(listed)
 
@@ -354,63 +265,3 @@ class World:
 
 
 world: World  # set by polydist._wiring.wire()
-
-
-# ---------------------------------------------------------------- torch's own backends
-
-_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
-_COMPLEX = {torch.complex64, torch.complex128}  # SUM/AVG only (ops.check_op_dtype), as pairs of reals
-UNSIGNED_WIDE = frozenset({torch.uint16, torch.uint32, torch.uint64})
-# The dtypes MPI reduces (backends/mpi4py/_mpi.py REDUCE_TYPES): every integer width, floats, C bool, complex.
-MPI_DTYPES = frozenset(_FLOATS | _COMPLEX | UNSIGNED_WIDE | {torch.int8, torch.uint8, torch.int16, torch.int32,
-                                                              torch.int64, torch.bool})
-
-# What torch's backends do beyond the defaults: gloo offers its host's address; nccl needs CUDA.
-class _Gloo(Lifecycle):
-    offers_host_address = True
-    fault_tolerance = "torchft"
-
-    def available(self) -> bool:
-        return dist.is_gloo_available()
-
-
-class _Nccl(Lifecycle):
-    fault_tolerance = "torchft"
-
-    def available(self) -> bool:
-        return dist.is_nccl_available() and torch.cuda.is_available()
-
-    def versions(self) -> dict:
-        return {"nccl": ".".join(map(str, torch.cuda.nccl.version()))}
-
-
-class _Absent(Lifecycle):
-    def available(self) -> bool:
-        return False
-
-
-# gloo: ProcessGroupGloo instantiates its reductions for float, double, half, bfloat16, int8, uint8,
-# int32, int64 and bool only (GENERATE_ALL_TYPES); int16 and uint16/32/64 fail inside gloo with
-# "Invalid scalar type" under every op (measured on torch 2.13: all_reduce, reduce, reduce_scatter).
-GLOO = declare(Backend(
-    "gloo", builtin=True, default_for="cpu", lifecycle=_Gloo(), mover=SLOTS, timeout_settable=True, torch_recorder=True,
-    reductions=ops.Reductions(
-        "gloo", frozenset(_FLOATS | _COMPLEX | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool}),
-        source="torch's ProcessGroupGloo.cpp (GENERATE_ALL_TYPES); measured on torch 2.13",
-    ),
-))
-# nccl: torch's ncclDataType map (int8, uint8, int32, int64, float16/32/64, bfloat16, bool as uint8, the
-# float8 types) and NCCL's ops (sum, prod, max, min, avg: no bitwise ops, torch refuses BAND/BOR/BXOR).
-_FLOAT8 = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz}
-_NCCL_DTYPES = frozenset(_FLOATS | _COMPLEX | _FLOAT8 | {torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool})
-NCCL = declare(Backend(
-    "nccl", builtin=True, lifecycle=_Nccl(), device="cuda", default_for="cuda", reduce_keeps_input=True,
-    native_avg=True, mover=SLOTS, timeout_settable=True, torch_recorder=True,
-    reductions=ops.Reductions(
-        "nccl", _NCCL_DTYPES, refused={op: _NCCL_DTYPES for op in ("AND", "OR", "XOR")},
-        source="torch's ProcessGroupNCCL (ncclDataType, ncclOp); NCCL's docs (ncclDataType_t, ncclRedOp_t)",
-    ),
-))
-# torch's other built-in names: never listed as available here (ucc, xccl: not in the wheels polydist supports).
-for _name in ("ucc", "xccl", "undefined", "fake"):
-    declare(Backend(_name, builtin=True, lifecycle=_Absent(), listed=False))

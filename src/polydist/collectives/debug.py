@@ -32,8 +32,8 @@ import reprlib
 import sys
 from typing import Any, Callable, Optional
 
-from .. import codec, context
-from ..context import world
+from .. import codec, live_world
+from ..live_world import world
 from ..errors import CollectiveMismatchError
 from ..groups import Resolved, resolve
 from ..settings import is_debug, set_debug
@@ -131,7 +131,7 @@ def check_leaving(at_exit: bool = False) -> None:
         return
     _settled = state
     res = resolve(state, None)
-    at_exit = at_exit or context.exiting
+    at_exit = at_exit or live_world.exiting
     how = "exit" if at_exit else "finalize()"
     calls = {"-".join(map(str, r.ranks)): r.seq for r in state.resolved.values() if r is not None}
     verdict = announce(state.rank, list(res.ranks), calls, how) if announce is not None else "join"

@@ -5,7 +5,7 @@ Each function takes this rank's piece(s) and returns what arrived as a
 :class:`~polydist.collectives.pieces.Plan`) and the bodies, flat uint8
 tensors of exactly each header's length. The group's mover does the moving,
 chosen once per resolved group (the same on every rank) by its backend's
-registry entry (:attr:`Backend.mover <polydist.backends.registry.Backend.mover>`,
+registry entry (:attr:`Backend.mover <polydist.backends.declaration.Backend.mover>`,
 read into :attr:`Resolved.direct <polydist.groups.Resolved>`): the
 :class:`~polydist.collectives.mover.DirectMover` for polydist's Python
 groups (mpi4py, horovod, the ``mpi`` stand-in), the

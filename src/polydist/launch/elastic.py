@@ -37,7 +37,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from .. import _torch, settings
+from .. import _torch_elastic, settings
 from ..errors import WorkerFailedError
 from ..trace.dump import DUMP_NOTE
 from .liveness import NO_TRACEBACK, Watch, end_frozen, note_of
@@ -121,9 +121,10 @@ def _config(
     check_node_rank(node_rank, nnodes)
     if nnodes == 1 and master_addr is None:
         port = master_port or 0  # 0: the store binds a free port chosen by the OS
-        return _torch.launch_config(
+        return _torch_elastic.launch_config(
             run_id=uuid.uuid4().hex,
-            rdzv_backend=_torch.register_loopback_rendezvous(),  # torch's c10d rendezvous, listening on loopback only
+            # torch's c10d rendezvous, listening on loopback only
+            rdzv_backend=_torch_elastic.register_loopback_rendezvous(),
             rdzv_endpoint=f"127.0.0.1:{port}",
             rdzv_configs={"is_host": True},
             local_addr="127.0.0.1",
@@ -134,7 +135,7 @@ def _config(
             f"a job on nnodes={nnodes} needs master_addr and master_port (the address of node 0), "
             f"got master_addr={master_addr!r}, master_port={master_port!r}"
         )
-    return _torch.launch_config(
+    return _torch_elastic.launch_config(
         run_id="polydist",
         rdzv_backend="static",
         rdzv_endpoint=f"{master_addr}:{master_port}",
@@ -160,7 +161,7 @@ def _elastic_config(endpoint: Optional[str], run_id: str, conf: dict, local_addr
         raise ValueError(f"rdzv_id must be a non-empty string shared by the nodes of the job, got {run_id!r}")
     host = host.strip("[]")  # [IPv6]:port
     conf.setdefault("is_host", _is_local_address(host))
-    return _torch.launch_config(
+    return _torch_elastic.launch_config(
         run_id=run_id,
         rdzv_backend="c10d",
         rdzv_endpoint=f"{host}:{port}" if ":" not in host else f"[{host}]:{port}",
@@ -213,8 +214,8 @@ def launch(
         agent_log.addFilter(_no_traceback)
         try:
             watch = _liveness(trace_dir, first_rank)
-            with _quiet_agent(), _torch.restart_hook(announce_restart, watch):
-                with _torch.fresh_worker_store(cfg.max_restarts > 0 or cfg.rdzv_backend == "c10d"):
+            with _quiet_agent(), _torch_elastic.restart_hook(announce_restart, watch):
+                with _torch_elastic.fresh_worker_store(cfg.max_restarts > 0 or cfg.rdzv_backend == "c10d"):
                     return elastic_launch(cfg, entrypoint)(*args)
         except ChildFailedError as exc:
             raise _failure_report(exc.failures, nnodes, cfg.max_restarts) from None

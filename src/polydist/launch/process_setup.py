@@ -176,7 +176,7 @@ _in_worker = False  # polydist run's worker or spawn's process: its own entry du
 def adopt_own_groups(adopt: Callable[[], object]) -> None:
     """With ``$POLYDIST_TRACE_DIR`` set, outside polydist's own launchers: the program's own
     ``init_process_group`` (or one made before polydist was imported) is adopted at once (``adopt``:
-    :func:`polydist.context.world`), so that a program that imports polydist and calls none of its functions,
+    :func:`polydist.live_world.world`), so that a program that imports polydist and calls none of its functions,
     under torchrun, mpiexec or srun, gets the same dumps as one that calls polydist: on SIGUSR1, on the
     launcher's SIGTERM and on an uncaught exception (hooks wired in :mod:`polydist._wiring`). Its rank writes
     nothing it would not have written without polydist; a group polydist cannot adopt (not the launcher's

@@ -269,7 +269,7 @@ def install_signal_handlers() -> None:
     """Dump on ``SIGUSR1``, and on ``SIGTERM`` when a polydist launcher set ``$POLYDIST_TRACE_DIR``.
 
     Called by the worker entry of ``polydist run`` and when a world is made
-    (:mod:`polydist.context`); does nothing from a thread other than the
+    (:mod:`polydist.live_world`); does nothing from a thread other than the
     main one, or for a signal that already has a handler. A later call puts
     our handlers back: MPICH's ``MPI_Init`` installs a SIGUSR1 handler of its
     own, in C, which Python's view of the handlers does not show.

@@ -250,7 +250,7 @@ def test_a_program_that_an_error_ended_logs_no_end_of_its_replica_group(monkeypa
     """At interpreter exit (the worker stops a program that returned before that) polydist.ft.stop only shuts the
     manager down: the digest of a replica group of several ranks is a collective its dead peers would not join,
     and a "finished" event would tell the launcher this replica group finished."""
-    from polydist import context, ft
+    from polydist import ft, live_world
 
     class Session:
         ended = []
@@ -262,7 +262,7 @@ def test_a_program_that_an_error_ended_logs_no_end_of_its_replica_group(monkeypa
 
     for exiting, ended in ((True, [("shutdown", False)]), (False, ["finish"])):
         Session.ended = []
-        monkeypatch.setattr(context, "exiting", exiting)
+        monkeypatch.setattr(live_world, "exiting", exiting)
         monkeypatch.setattr(ft, "_session", Session())
         monkeypatch.setattr(ft, "_stopped", False)
         ft.stop()

@@ -89,7 +89,7 @@ def world_store(comm: Any, timeout: timedelta) -> Any:
 
 def progress() -> bool:
     """Let MPI move this rank's messages, if MPI is up (nothing otherwise; MPI is not started for it).
-    Returns whether MPI is up (a :data:`polydist.context.while_leaving` hook: call again).
+    Returns whether MPI is up (a :data:`polydist.teardown.while_leaving` hook: call again).
 
     Open MPI moves messages only inside MPI calls ("weak progress", which the
     MPI standard's progress rule allows): a send that has completed here may
