@@ -102,6 +102,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--job-timeout", type=float, default=300)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--summarize", metavar="JSON", help="print the summary of a run saved with --json (no job runs)")
     args = p.parse_args(argv)
     args.kinds = [k for k in args.kinds.split(",") if k]
     args.paths = [k for k in args.paths.split(",") if k]
@@ -218,15 +219,19 @@ def restart_figures(row: dict, lines: list, injected: Optional[float]) -> dict:
 
 
 def summary(rows: list) -> dict:
-    """Per path and kind: runs, how many ended right (exit 0, identical, accuracy within 0.5 points of the
-    path's reference), and the medians (and maxima) of the time figures and the steps lost."""
+    """Per path and kind: faulted runs, how many ended right (exit 0, identical, accuracy within 0.5 points of
+    the path's reference), the runs whose fault never happened (``unfaulted``: the harness's ``error``), and the
+    medians (and maxima) of the time figures and the steps lost."""
     out: dict = {}
     refs = {r["path"]: r["accuracy"] for r in rows if r["kind"] is None}
     for row in rows:
         if row["kind"] is None:
             continue
         key = f"{row['path']}/{row['kind']}"
-        s = out.setdefault(key, {"runs": 0, "ok": 0, "values": {}})
+        s = out.setdefault(key, {"runs": 0, "ok": 0, "unfaulted": 0, "values": {}})
+        if row.get("error"):  # its fault never happened (the harness's miss): not a faulted run, right or wrong
+            s["unfaulted"] += 1
+            continue
         s["runs"] += 1
         ref = refs.get(row["path"])
         ok = (row["exit_code"] == 0 and row["identical"] and row["accuracy"] is not None and ref is not None
@@ -243,6 +248,8 @@ def summary(rows: list) -> dict:
 
 def main(argv: Optional[list] = None) -> int:
     args = parse_args(argv)
+    if args.summarize:
+        return _summarize(args.summarize)
     print(f"$ {' '.join([os.path.relpath(sys.executable, ROOT), *sys.argv])}\n", flush=True)
     print(f"# backend {args.backend}, {args.nproc} ranks, {args.epochs} epochs, kinds {','.join(args.kinds)}, {args.runs} run(s) each, "
           f"paths {','.join(args.paths)}, --timeout {args.timeout:g}, POLYDIST_FROZEN_AFTER={args.frozen_after:g}, "
@@ -265,15 +272,30 @@ def main(argv: Optional[list] = None) -> int:
                 shown = {k: row.get(k) for k in ("exit_code", "accuracy", "identical", "went_on_s", "discarded",
                                                   "recover_s", "rejoin_s", "detect_s", "lost", "error") if row.get(k) not in (None, "")}  # fmt: skip
                 print(f"  run {run} {kind:5} rank {rank} at {moment:.2f} {path:7}: {shown}", flush=True)
+    _report(rows, args.json, {"args": vars(args), "platform": platform.platform()})
+    return 0
+
+
+def _report(rows: list, path: Optional[str], header: dict) -> None:
+    """Print the per path/kind summary of ``rows``; write them, with it, to ``path`` (JSON) when given."""
     table = summary(rows)
-    print("\n# per path/kind: runs ended right (exit 0, identical state, accuracy within 0.5 points), medians [max]")
+    print("\n# per path/kind: faulted runs ended right (exit 0, identical state, accuracy within 0.5 points), "
+          "medians [max]")  # fmt: skip
     for key, s in table.items():
         figures_text = ", ".join(f"{k} {s['median'][k]:g} [{s['max'][k]:g}]" for k in s["median"])
-        print(f"  {key:14} {s['ok']}/{s['runs']} right; {figures_text}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "platform": platform.platform(), "rows": rows,
+        unfaulted = f" (and {s['unfaulted']} run(s) whose fault never happened)" if s["unfaulted"] else ""
+        print(f"  {key:14} {s['ok']}/{s['runs']} right{unfaulted}; {figures_text}")
+    if path:
+        with open(path, "w") as f:
+            json.dump({**header, "rows": rows,
                        "summary": {k: {n: v for n, v in s.items() if n != "values"} for k, s in table.items()}}, f, indent=1)  # fmt: skip
+
+
+def _summarize(path: str) -> int:
+    """``--summarize JSON``: the summary of a committed run again, by the current rule (the JSON rewritten)."""
+    with open(path) as f:
+        saved = json.load(f)
+    _report(saved["rows"], path, {k: v for k, v in saved.items() if k not in ("rows", "summary")})
     return 0
 
 
