@@ -203,6 +203,7 @@ def test_on_open_mpi_a_replacement_still_starting_when_the_others_finish_is_told
     assert "replica group 1: the live ranks gave this replacement up before sending it the state (told to leave)" \
         in stdout + stderr, stderr[-4000:]
     assert "Segmentation fault" not in stdout + stderr, stderr[-4000:]
+    assert "exited on\nsignal" not in stderr and "exiting\nimproperly" not in stderr, stderr[-4000:]  # it finalized
     assert report[-1].startswith("polydist: fault-tolerant: replica groups 0, 2 finished"), report
 
 

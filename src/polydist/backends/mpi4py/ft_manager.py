@@ -358,7 +358,9 @@ def start(command: list) -> tuple:
         if not payload:
             print(f"polydist: replica group {settings.FT_REPLICA.read()}: the live ranks gave this replacement up "
                   f"before sending it the state ({why}); leaving", file=sys.stderr, flush=True)
-            os._exit(0)  # nothing to finalize with: the others have moved on
+            if why == "told to leave":  # by the handshake: nothing of MPI's is pending with the others
+                ulfm.finalize()
+            os._exit(0)
         header = _header(codec.decode(payload))
         replica = settings.FT_REPLICA.read()
         if replica is None:
