@@ -12,7 +12,7 @@ import polydist  # noqa: F401 - wires the hooks
 from polydist import _wiring, context, ft, live_world
 from polydist.backends import leaving
 from polydist.backends.mpi4py import job as mpi_job
-from polydist.collectives import debug, timeouts
+from polydist.collectives import debug, timeout_error, timeouts
 from polydist.errors import CollectiveTimeoutError
 from polydist.launch import process_setup
 from polydist.trace import dump, profile
@@ -26,10 +26,11 @@ def test_importing_polydist_wires_each_hook_once_in_order():
     assert live_world.on_world_made == [dump.install_signal_handlers, process_setup.dump_when_uncaught, leaving.start]
     assert (debug.announce, debug.entering, debug.leaving_exchange) == (leaving.announce, leaving.entering,
                                                                         leaving.leaving_exchange)  # fmt: skip
+    assert leaving.world_leaves is _wiring._world_leaves_at_exit
     assert context.on_initialized == [profile.start_session, ft.start]
     assert live_world.on_finalize == [debug.check_leaving, profile.end_session, ft.stop,
                                       _wiring._finished_at_exit]  # the check communicates first
-    assert timeouts.on_timeout == [dump.timed_out]
+    assert timeout_error.on_timeout == [dump.timed_out]
     assert mpi_job.before_abort == [dump.failed]
 
 
@@ -42,15 +43,16 @@ def test_importing_a_layer_alone_fills_no_hook_list():
         sys.modules["polydist"] = pkg
         import polydist.trace.dump, polydist.trace.profile, polydist.collectives.debug
         from polydist import context, live_world
-        from polydist.collectives import timeouts
+        from polydist.collectives import timeout_error
+        from polydist.backends import leaving
         from polydist.backends.mpi4py import job
         print(len(live_world.on_world_made), len(context.on_initialized), len(live_world.on_finalize),
-              len(timeouts.on_timeout), len(job.before_abort))
+              len(timeout_error.on_timeout), len(job.before_abort), int(leaving.world_leaves is not None))
     """)
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["0"] * 5
+    assert out.stdout.split() == ["0"] * 6
 
 
 class _Recorder:
@@ -63,7 +65,7 @@ class _Recorder:
 
 def test_failed_names_a_timeout_marks_the_record_and_runs_the_dump_hook(monkeypatch):
     seen = []
-    monkeypatch.setattr(timeouts, "on_timeout", [seen.append])
+    monkeypatch.setattr(timeout_error, "on_timeout", [seen.append])
     named = CollectiveTimeoutError("all_reduce #1 timed out", collective="all_reduce", seq=1, group=(0, 1), rank=0,
                                    timeout_s=5.0, waiting=[0], missing=[1])  # fmt: skip
     rec = _Recorder()

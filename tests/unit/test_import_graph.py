@@ -175,3 +175,45 @@ def test_cycle_finder_names_the_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert find_cycles(graph) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+# backends/ sits below the package's API (context, live_world, groups), the pipeline and the applications.
+_BACKENDS = "polydist.backends"
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_backends_import_nothing_that_imports_them():
+    # A way out of backends/ that leads back in runs up a layer above it: a higher layer reaches the backends
+    # through the hooks of polydist/_wiring.py instead. The applications are above it too.
+    graph = import_graph()
+    upward = sorted(
+        f"{module} -> {target}"
+        for module in graph if _in(module, _BACKENDS)
+        for target in graph[module] if not _in(target, _BACKENDS)
+        if any(_in(m, _BACKENDS) for m in _reach(graph, target)) or any(_in(target, a) for a in _APPLICATIONS)
+    )  # fmt: skip
+    assert not upward, "backends/ imports a layer above it:\n" + "\n".join(upward)
+
+
+def test_the_shared_backend_modules_import_no_backend():
+    # The files directly in backends/ (the registry, the Python groups' template, the watchdog, ...) serve every
+    # backend; the registry finds the backends through their entry points.
+    modules = _modules()
+    graph = import_graph()
+    folders = {m for m, p in modules.items() if _in(m, _BACKENDS) and m.count(".") == 2 and p.name == "__init__.py"}
+    shared = [m for m, p in modules.items() if _in(m, _BACKENDS) and m.count(".") == 2 and p.name != "__init__.py"]
+    found = sorted(f"{m} -> {t}" for m in shared for t in graph[m] if any(_in(t, f) for f in folders))
+    assert folders >= {"polydist.backends.mpi4py", "polydist.backends.horovod"} and "polydist.backends.watchdog" in shared
+    assert not found, "a shared module of backends/ imports a backend:\n" + "\n".join(found)

@@ -43,12 +43,14 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
 from .. import _torch, settings
+from ..collectives import timeout_error
 from ..collectives.recorder import NAME, SEQ, STARTED, STATE
+from ..errors import CollectiveMismatchError
 from .watchdog import WATCHDOG, end_process
 
 __all__ = ["start", "announce", "exit_with", "entering", "leaving_exchange", "INTERVAL_S", "ANSWER_S"]
@@ -63,6 +65,11 @@ checking: Optional[tuple] = None  # (group's global ranks, polydist's number of 
 _left: list = []  # the notes of the ranks that left this world
 _verdicts: dict = {}  # note number -> the verdict this rank reached on it (its answer)
 _state: dict = {"thread": None, "generation": 0, "read": 0, "announced": None, "ended": False}  # announced: id(pg)
+
+# Filled in polydist._wiring (the live world and collectives.debug build on backends/: not imported here): at exit
+# with a group alive, world_leaves() runs debug mode's check of polydist's world, made or adopted (it has the call
+# counts), and returns True; False when polydist has no world (the program's own group, never used: checked here).
+world_leaves: Optional[Callable[[], bool]] = None
 
 
 def _key(ranks: Any) -> str:
@@ -85,13 +92,9 @@ def start() -> None:
 
 def _at_exit() -> None:
     """At interpreter exit, with the group still alive: leave as :func:`announce` says (once per world)."""
-    from .. import live_world
-    from ..collectives import debug
-
     if not dist.is_available() or not dist.is_initialized():
         return
-    if live_world._world is not None:  # polydist's world, made or adopted: its check, with its call counts
-        debug.check_leaving(at_exit=True)
+    if world_leaves is not None and world_leaves():  # polydist's world: checked with its call counts
         return
     try:  # the program's own group, that polydist never used
         verdict = announce(dist.get_rank(), list(range(dist.get_world_size())), {}, "exit")
@@ -272,9 +275,6 @@ def _judge(note: dict) -> Optional[tuple]:
 
 def _end(verdict: tuple) -> None:
     """Print the mismatch, write this rank's dump, end the process (its launcher ends the others)."""
-    from ..collectives import timeouts
-    from ..errors import CollectiveMismatchError
-
     if _state["ended"]:
         return
     _state["ended"] = True
@@ -282,7 +282,7 @@ def _end(verdict: tuple) -> None:
     text = f"polydist: debug: CollectiveMismatchError: {error}\n"
     sys.stderr.write(text)
     sys.stderr.flush()
-    for hook in timeouts.on_timeout:  # the flight recorder's dump
+    for hook in timeout_error.on_timeout:  # the flight recorder's dump
         hook(error)
     _record_for_launcher(error)
     groups = [g for g in list(WATCHDOG.groups) if g._lane.current is not None]

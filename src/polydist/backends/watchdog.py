@@ -21,9 +21,9 @@ timeout raises the alarm:
    its dump signal, answers with the sequence number it last started on each
    group and writes its flight-recorder dump;
 2. this rank waits a short grace for the answers (the grace
-   :mod:`~polydist.collectives.timeouts` gives), names the ranks whose last
+   :mod:`~polydist.collectives.timeout_error` gives), names the ranks whose last
    started number is below the stuck one (they did not arrive) with the words
-   of polydist's own timeouts (:func:`~polydist.collectives.timeouts.describe`),
+   of polydist's own timeouts (:func:`~polydist.collectives.timeout_error.describe`),
    marks the record failed, writes its dump (the ``on_timeout`` hooks) and
    prints the error;
 3. it ends the job (the group's ``_end_job``): a blocked MPI collective cannot
@@ -53,6 +53,8 @@ from typing import Any, Optional
 
 from torch.distributed.constants import default_pg_timeout
 
+from .._failure_record import record_failure
+from ..collectives import timeout_error
 from ..collectives.recorder import NAME, RECORDER, SEQ, STARTED, STATE, as_dict
 
 __all__ = ["GroupTag", "WATCHDOG", "Watchdog", "seconds", "end_process"]
@@ -188,10 +190,8 @@ class Watchdog:
             self._polling = False
             return
         self._polling = False
-        from ..collectives import timeouts
-
         error = RuntimeError(f"the watchdog of {alarm}; this rank {self._last_started()}")
-        for hook in timeouts.on_timeout:  # the flight recorder's dump
+        for hook in timeout_error.on_timeout:  # the flight recorder's dump
             hook(error)
 
     def _answer(self, store: Any) -> None:
@@ -209,12 +209,10 @@ class Watchdog:
     def _answers(self, store: Any, tag: GroupTag) -> tuple:
         """``({rank: last started on the group}, {rank: exit code of a rank that had finished its program})``,
         read within the grace: each rank answers the alarm, or had left its note when it finished."""
-        from ..collectives import timeouts
-
         keys = {r: f"{_PREFIX}last/{tag.key}/{r}" for r in tag.ranks}
         started: dict = {}
         ended: dict = {}
-        deadline = time.monotonic() + timeouts.grace(tag.timeout_s)
+        deadline = time.monotonic() + timeout_error.grace(tag.timeout_s)
         while True:
             for r in [r for r in tag.ranks if r not in started]:
                 if store.check([keys[r]]):
@@ -227,8 +225,6 @@ class Watchdog:
             time.sleep(0.05)
 
     def _alarm(self, group: Any, record: list) -> None:
-        from ..collectives import timeouts
-
         tag, name, seq = group._tag, record[NAME], record[SEQ]
         entry = as_dict(record)
         shown = ", ".join(f"{d} {s}" for d, s in zip(entry["dtypes"], entry["shapes"]))
@@ -250,10 +246,10 @@ class Watchdog:
         except Exception as exc:  # noqa: BLE001 - the store may be gone too, or the group has none
             unknown = f"the watchdog could not reach the group's store: {type(exc).__name__}: {exc}"
         after = f"{last}. {group._cannot_cancel()}"
-        error = timeouts.describe(name, seq, tag.ranks, tag.rank, tag.timeout_s, seen, False, what=what,
-                                  unknown=unknown, after=after)  # fmt: skip
+        error = timeout_error.describe(name, seq, tag.ranks, tag.rank, tag.timeout_s, seen, False, what=what,
+                                       unknown=unknown, after=after)  # fmt: skip
         RECORDER.fail(record, error)
-        for hook in timeouts.on_timeout:  # the flight recorder's dump, named in the error's notes
+        for hook in timeout_error.on_timeout:  # the flight recorder's dump, named in the error's notes
             hook(error)
         notes = "".join(f"\n{n}" for n in getattr(error, "__notes__", ()))
         text = f"polydist: watchdog: {type(error).__name__}: {error}{notes}\n"
@@ -267,8 +263,6 @@ WATCHDOG = Watchdog()
 
 def end_process(rank: int, text: str, code: int = 1) -> None:
     """End this process now, its error ``text`` left for ``polydist run``: the launcher ends the other ranks."""
-    from .mpi4py.job import record_failure
-
     WATCHDOG.failing()
     record_failure(rank, text)
     sys.stdout.flush()

@@ -46,9 +46,10 @@ __all__ = ["set_debug", "is_debug", "check", "check_leaving", "describe_tensor",
 # ranks that are not coming, or compare twice when finalize is retried at exit).
 _settled: object = None
 
-# Filled in polydist._wiring by polydist.backends.leaving (a higher layer): announce(rank, world, calls, how) tells
-# the others this rank leaves and returns None, "join" or a verdict (text, calls); entering(ranks, number) before a
-# fingerprint exchange returns a verdict to raise (a rank of the group left) or None; leaving_exchange() after it.
+# Filled in polydist._wiring by polydist.backends.leaving (backends/ uses this folder's recorder, so it is not
+# imported here): announce(rank, world, calls, how) tells the others this rank leaves and returns None, "join" or a
+# verdict (text, calls); entering(ranks, number) before a fingerprint exchange returns a verdict to raise (a rank of
+# the group left) or None; leaving_exchange() after it.
 announce: Optional[Callable[..., Any]] = None
 entering: Optional[Callable[[Any, int], Optional[tuple]]] = None
 leaving_exchange: Optional[Callable[[], None]] = None

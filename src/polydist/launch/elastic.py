@@ -5,7 +5,7 @@ PyTorch's elastic agent (``torch.distributed.launcher``, the machinery of
 ``torchrun``): no home-made process manager. Not here: ``polydist run
 --backend mpi`` starts its ranks with the MPI library's ``mpiexec``
 (:mod:`~polydist.launch.mpiexec`); ``spawn`` with backend "horovod" with
-``horovod.run`` (:mod:`~polydist.launch.horovod`); with a backend that has its
+``horovod.run`` (:mod:`~polydist.backends.horovod.spawn`); with a backend that has its
 own launcher (the registry's ``start_processes``: xla-tpu's ``xmp.spawn``),
 with that. Single-node jobs
 meet on a stand-alone c10d rendezvous whose TCP store binds port 0 on loopback,

@@ -6,7 +6,7 @@ the Python interpreter first (where the ``mpich`` wheel installs it), then on
 ``PATH``. A rank that raises calls ``MPI_Abort`` (see
 :func:`polydist.backends.mpi4py.install_abort_hook`), which makes ``mpiexec``
 end every rank; before that it writes its traceback into the directory named by
-``$POLYDIST_FAILURE_DIR``, from which :func:`run` reports the failing rank. A
+``$POLYDIST_FAILURE_DIR`` (:mod:`polydist._failure_record`), from which :func:`run` reports the failing rank. A
 rank that is killed writes nothing: :func:`run` watches the ranks' pids (from
 their pid files, :func:`polydist.launch.process_setup.record_pid`) and names the one that ended first, else
 the one ``mpiexec``'s report names. ``mpiexec`` dies with the process that runs
@@ -37,6 +37,7 @@ from typing import Any, Mapping, Optional, Sequence, TextIO
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
+from .._failure_record import recorded_failures
 from ..settings import FAILURE_DIR
 from .liveness import NO_TRACEBACK, Watch, end_frozen
 from ..trace.dump import EXIT_NOTICES
@@ -358,12 +359,7 @@ def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) ->
 
 
 def _failure_report(failures: str, code: int, output: str = "", first: Sequence[int] = ()) -> WorkerFailedError:
-    files = [n for n in os.listdir(failures) if n.startswith("rank") and n.endswith(".txt")]
-    files.sort(key=lambda n: os.path.getmtime(os.path.join(failures, n)))  # first failure first
-    recorded = {}
-    for name in files:
-        with open(os.path.join(failures, name), encoding="utf-8", errors="replace") as f:
-            recorded[int(name[4:-4])] = f.read()
+    recorded = recorded_failures(failures)
     frozen = _frozen(failures)
     if frozen:
         rank, note = sorted(frozen.items())[0]

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from polydist.backends.python_group import PythonProcessGroup
 from polydist.backends.watchdog import WATCHDOG
-from polydist.collectives import timeouts
+from polydist.collectives import timeout_error
 from polydist.collectives.recorder import RECORDER, as_dict
 
 pytestmark = pytest.mark.timeout(60)
@@ -44,7 +44,7 @@ def watched(monkeypatch):
     monkeypatch.setattr(WATCHDOG, "_fired", False)
     monkeypatch.setattr(WATCHDOG, "_answered", False)
     monkeypatch.setattr(WATCHDOG, "_polling", False)  # this process plays rank 0 only
-    monkeypatch.setattr(timeouts, "on_timeout", [])
+    monkeypatch.setattr(timeout_error, "on_timeout", [])
     group = _Stuck()
     group._configure([0, 1], timedelta(seconds=0.4))
     yield group, store

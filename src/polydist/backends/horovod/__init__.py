@@ -1,7 +1,8 @@
 """The ``horovod`` backend: Horovod (``horovod.torch``) as a torch.distributed backend.
 
 :mod:`~polydist.backends.horovod.process_group` is the ProcessGroup,
-:mod:`~polydist.backends.horovod.job` the ``horovod://`` rendezvous. This
+:mod:`~polydist.backends.horovod.job` the ``horovod://`` rendezvous,
+:mod:`~polydist.backends.horovod.spawn` ``spawn`` through ``horovod.run``. This
 module registers both with torch.distributed (:func:`register`, called when
 polydist is imported, without importing Horovod) when Horovod is installed;
 ``make horovod`` builds it (see the "Choosing a backend" guide).
@@ -16,6 +17,7 @@ from ... import ops
 from .. import registry
 from . import job
 from .process_group import BACKEND_NAME, HorovodProcessGroup, hvd
+from .spawn import start_processes
 
 __all__ = ["BACKEND_NAME", "HorovodProcessGroup", "available", "hvd", "no_subgroups", "register"]
 
@@ -101,8 +103,6 @@ class _HorovodLifecycle(registry.Installable):
                 f"use gloo (nccl on GPUs) under {who}")
 
     def start_processes(self, work: Any, nproc_per_node: int, nnodes: int) -> list:
-        from ...launch.horovod import start_processes  # the launcher side, imported only when spawning
-
         return start_processes(work, nproc_per_node, nnodes)
 
     def adopt(self) -> bool:

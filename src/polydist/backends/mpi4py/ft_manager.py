@@ -308,7 +308,7 @@ class UlfmManager:
 
 
 def _plain(obj: Any) -> Any:
-    from ..torchft.transport import plain  # the same rule for both engines: mappings as dicts
+    from ..torchft.transport import plain  # both engines' rule, mappings as dicts (here: it imports torchft)
 
     return plain(obj)
 

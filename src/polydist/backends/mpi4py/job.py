@@ -11,7 +11,6 @@ uncaught exception on one rank into ``MPI_Abort`` of the whole job at once.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -21,13 +20,12 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from ...settings import FAILURE_DIR
+from ..._failure_record import record_failure
 from .. import registry
 from ..store import check_requested, serve_store
 from . import _mpi
 
-__all__ = ["mpi_initialized", "mpi_job", "rendezvous", "world_store", "install_abort_hook", "fail", "record_failure",
-           "abort"]
+__all__ = ["mpi_initialized", "mpi_job", "rendezvous", "world_store", "install_abort_hook", "fail", "abort"]
 
 
 def mpi_initialized() -> bool:
@@ -148,14 +146,6 @@ def fail(rank: int, exc: BaseException, text: str, code: int) -> None:
     for hook in before_abort:
         hook(exc)
     abort(code)
-
-
-def record_failure(rank: int, text: str) -> None:
-    """Leave this rank's traceback where ``polydist run`` looks for it (``$POLYDIST_FAILURE_DIR``)."""
-    folder = FAILURE_DIR.read()
-    if folder and os.path.isdir(folder):
-        with open(os.path.join(folder, f"rank{rank}.txt"), "w", encoding="utf-8") as f:
-            f.write(text)
 
 
 def abort(code: int) -> None:

@@ -3,14 +3,17 @@
 As ``ignite.distributed`` does, polydist hands the job to ``horovod.run``
 (the Python API of ``horovodrun``, with its Gloo controller), which starts
 ``nproc_per_node`` processes on this host and returns what ``fn`` returned
-on each, by rank. Each process joins with ``initialize("horovod")``.
+on each, by rank. Each process joins with ``initialize("horovod")``. The
+Horovod lifecycle's ``start_processes`` (what :func:`polydist.spawn` asks of
+a backend that starts its own processes) runs :func:`start_processes`, as
+xla-tpu's runs ``xmp.spawn``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..errors import WorkerFailedError
+from ...errors import WorkerFailedError
 
 __all__ = ["start_processes"]
 
