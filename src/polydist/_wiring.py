@@ -14,6 +14,7 @@ from __future__ import annotations
 from . import context, default_group, ft, live_world, teardown
 from .backends import leaving, registry
 from .backends.watchdog import WATCHDOG
+from .backends import mpi4py
 from .backends.mpi4py import job as mpi_job
 from .collectives import debug, timeout_error
 from .launch import announced, environment, process_setup
@@ -61,6 +62,8 @@ def wire() -> None:
     timeout_error.on_timeout.append(dump.timed_out)
     # MPI_Abort ends every rank at once: this one's dump first
     mpi_job.before_abort.append(dump.failed)
+    # and under plain mpiexec, before that rank's own line: the dumps' finding, where another rank caused its error
+    mpi4py.explain_abort.append(process_setup.finding_before_abort)
     # and whatever ends it so: no "finished its program" note for the watchdogs of the others
     mpi_job.on_abort.append(WATCHDOG.failing)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 __all__ = [
     "PolydistError",
     "NotInitializedError",
@@ -72,14 +74,18 @@ class WorkerFailedError(PolydistError):
     ``failures`` maps each failed global rank to ``(exit code, traceback or
     message)``; ``root_rank`` is the rank whose failure caused the others
     (-1 when it is not known here: a rank on another node, or a process
-    mpiexec could not tie to a rank);
+    mpiexec could not tie to a rank); ``fates`` maps a rank that ended with
+    no traceback to how the launcher saw it end (``"killed by SIGKILL, pid
+    N"``, ``"frozen: stopped (process state T) for 10.0 s, pid N"``), for the
+    report's first line;
     ``str()`` names it and shows each failed rank with its traceback.
     """
 
-    def __init__(self, message: str, failures: dict, root_rank: int) -> None:
+    def __init__(self, message: str, failures: dict, root_rank: int, fates: Optional[dict] = None) -> None:
         super().__init__(message)
         self.failures = dict(failures)
         self.root_rank = root_rank
+        self.fates = dict(fates or {})
 
 
 class InvalidGroupError(TypeError, ValueError, PolydistError):

@@ -358,6 +358,7 @@ def test_killed_mpi_rank_named(tmp_path):
     error = mpx._failure_report(str(tmp_path), 137, parent, first=[1])
     assert error.root_rank == 1
     assert str(error).startswith("rank 1 (pid 4101 on node7) failed first: killed by signal 9 (SIGKILL); mpiexec")
+    assert error.fates == {1: "killed by signal 9 (SIGKILL), pid 4101"}  # for the report's first line
     error = mpx._failure_report(str(tmp_path), 1, "no report\n")
     assert error.root_rank == -1 and "mpiexec exited with code 1" in str(error)
 
@@ -388,3 +389,4 @@ def test_report_blames_the_cause_not_the_ranks_that_lost_it(tmp_path):
     assert error.root_rank == -1
     assert str(error).startswith("no rank of this node failed on its own: ranks [2, 3] lost their connection")
     assert "rank 3: exit code -15 (killed by SIGTERM)" in str(error)
+    assert error.fates == {3: "killed by SIGTERM, pid 101"}  # how the ranks without a traceback ended, by rank

@@ -359,6 +359,25 @@ def test_the_command_refuses_what_it_cannot_analyse(tmp_path, capsys):
     assert code == 2 and err == f"polydist trace: no dump (rank<R>.json) in {tmp_path}\n"
 
 
+def test_what_a_watcher_knows_of_a_rank_without_a_dump_is_said_of_it(tmp_path):
+    """A launcher (or a peer on its host) that saw how a rank with no dump ended says so: frozen, or killed by a
+    signal; the ranks it knows nothing of read as before, a fate given for a rank that dumped is not shown."""
+    quad = (0, 1, 2, 3)
+    r0 = dump(0, 4, history(quad, 1) + [call(0, "all_reduce", quad, 2, 2.0, op="SUM")], 7.0)
+    fates = {1: "frozen: stopped (process state T) for 3.1 s, pid 4242", 3: "killed by SIGKILL, pid 4343",
+             0: "killed by SIGTERM, pid 4141"}  # fmt: skip
+    found = analyze.diagnose(analyze.load(write(tmp_path, r0)), fates)
+    assert found.headline() == (
+        "all_reduce #2 on [0,1,2,3]: rank 0 waiting since 5.0 s at train.py:88; no dump from rank 2; "
+        "no dump from rank 1 (frozen: stopped (process state T) for 3.1 s, pid 4242); "
+        "no dump from rank 3 (killed by SIGKILL, pid 4343)"
+    )
+    text = found.text().splitlines()
+    assert "no dump from rank 2 (it died before it could write one, or was killed by SIGKILL)" in text
+    assert "no dump from rank 1 (frozen: stopped (process state T) for 3.1 s, pid 4242)" in text
+    assert found.as_dict()["fates"] == {1: fates[1], 3: fates[3]}
+
+
 def test_long_rank_lists_are_abridged_to_runs(tmp_path):
     world = tuple(range(16))
     write(tmp_path, *(dump(r, 16, [call(0, "all_reduce", world, 1, 0.0, op="SUM")], 2.0) for r in range(15) if r != 7))

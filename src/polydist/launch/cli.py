@@ -311,7 +311,7 @@ def _reporting(start: Callable[[], Any]) -> int:
               flush=True)  # fmt: skip
         return 128 + int(signum)
     except WorkerFailedError as exc:
-        finding = _finding()  # what the dumps say first: which rank never came, and where it was
+        finding = _finding(exc.fates)  # what the dumps say first: which rank never came, and where it was
         print(f"polydist run: job failed{': ' + finding if finding else ''}\n{exc}", file=sys.stderr, flush=True)
         return 1
     except (ValueError, FileNotFoundError) as exc:  # bad sizes or addresses; no mpiexec
@@ -320,15 +320,17 @@ def _reporting(start: Callable[[], Any]) -> int:
     return 0
 
 
-def _finding() -> Optional[str]:
-    """The trace's first finding from the job's dumps (polydist trace's stuck call or disagreement), or None."""
+def _finding(fates: Optional[dict] = None) -> Optional[str]:
+    """The trace's first finding from the job's dumps (polydist trace's stuck call or disagreement), or None.
+    ``fates``: how the ranks the launcher saw end without a traceback ended (frozen, killed), said of those that
+    left no dump."""
     folder = settings.TRACE_DIR.read()
     if not folder or not os.path.isdir(folder):
         return None
     from ..trace.analyze import diagnose, load  # the reader: only once a job failed
 
     try:
-        return diagnose(load(folder)).headline()
+        return diagnose(load(folder), fates).headline()
     except Exception:  # noqa: BLE001 - the report goes on without it
         return None
 

@@ -355,7 +355,19 @@ def _failure_report(failures: dict, nnodes: int = 1, max_restarts: int = 0) -> W
     if max_restarts:
         lines.insert(0, exhausted(max_restarts))
     details = {r: (f.exitcode, _traceback(f)) for r, f in failures.items()}
-    return WorkerFailedError("\n".join(lines), details, root_rank)
+    fates = {r: fate for r, fate in ((r, _fate(f)) for r, f in failures.items()) if fate}
+    return WorkerFailedError("\n".join(lines), details, root_rank, fates)
+
+
+def _fate(failure: Any) -> Optional[str]:
+    """How a worker ended where the launcher saw it and its dump may be missing: ``frozen: stopped (process state
+    T) for 3.1 s, pid N`` (the liveness watch), ``killed by SIGKILL, pid N``; None otherwise."""
+    frozen = note_of(failure.pid)
+    if frozen:
+        return f"{frozen.split(',')[0]}, pid {failure.pid}"
+    if failure.exitcode is not None and failure.exitcode < 0:
+        return f"killed by {signal_name(-failure.exitcode)}, pid {failure.pid}"
+    return None
 
 
 def first_failure(failures: dict) -> tuple[int, str, str]:

@@ -36,7 +36,7 @@ from typing import Mapping, Optional
 
 from .. import settings
 
-__all__ = ["Watch", "Frozen", "process_state", "note_of", "end_frozen", "NO_TRACEBACK"]
+__all__ = ["Watch", "Frozen", "process_state", "seen", "note_of", "end_frozen", "NO_TRACEBACK"]
 
 STOPPED = ("T", "t")  # stopped by a signal; stopped by a tracer (ptrace)
 _SEEN = {"T": "stopped (process state T)", "t": "in a trace stop (process state t)"}
@@ -56,6 +56,11 @@ def process_state(pid: int) -> Optional[str]:
     return stat[end + 2 : end + 3].decode("ascii", "replace") if end > 0 else None
 
 
+def seen(state: str) -> str:
+    """``stopped (process state T)`` for a stopped process's state letter."""
+    return _SEEN.get(state, f"process state {state}")
+
+
 class Frozen:
     """A worker found frozen: its rank, pid, state letter and how long it has been so (seconds)."""
 
@@ -66,7 +71,7 @@ class Frozen:
 
     def note(self) -> str:
         return (
-            f"frozen: {_SEEN.get(self.state, self.state)} for {self.seconds:.1f} s, seen by the launcher in "
+            f"frozen: {seen(self.state)} for {self.seconds:.1f} s, seen by the launcher in "
             f"/proc/{self.pid}/stat (bound: POLYDIST_FROZEN_AFTER={self.bound():g} s); polydist ended it with "
             "SIGKILL after asking the other ranks for their flight-recorder dumps"
         )

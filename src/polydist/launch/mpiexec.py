@@ -355,7 +355,8 @@ def _killed_rank(failures: str, code: int, output: str, first: Sequence[int]) ->
         f"--- traceback of rank {rank} ---",
         "(no traceback: the process was killed, by someone or by the OS, or crashed in native code)",
     ]
-    return WorkerFailedError("\n".join(lines), {rank: (code, "")}, rank)
+    fate = {rank: f"{how}, pid {by_rank[rank]}"} if how and how.startswith("killed by") and rank in by_rank else {}
+    return WorkerFailedError("\n".join(lines), {rank: (code, "")}, rank, fate)
 
 
 def _failure_report(failures: str, code: int, output: str = "", first: Sequence[int] = ()) -> WorkerFailedError:
@@ -363,13 +364,13 @@ def _failure_report(failures: str, code: int, output: str = "", first: Sequence[
     frozen = _frozen(failures)
     if frozen:
         rank, note = sorted(frozen.items())[0]
+        pid = pids(failures).get(rank)
         lines = [
-            f"rank {rank} (pid {pids(failures).get(rank)}) was {note}; the other ranks were stopped "
-            f"(mpiexec exit code {code}).",
+            f"rank {rank} (pid {pid}) was {note}; the other ranks were stopped (mpiexec exit code {code}).",
             f"--- traceback of rank {rank} ---",
             NO_TRACEBACK,
         ]
-        return WorkerFailedError("\n".join(lines), {rank: (code, "")}, rank)
+        return WorkerFailedError("\n".join(lines), {rank: (code, "")}, rank, {rank: f"{note.split(',')[0]}, pid {pid}"})
     if not recorded:
         killed = _killed_rank(failures, code, output, first)
         if killed is not None:

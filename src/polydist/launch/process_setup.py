@@ -170,6 +170,38 @@ def dump_when_uncaught() -> None:
     sys.excepthook = hook
 
 
+_TIMED_OUT = ("Timed out waiting",)  # gloo's words for a collective that timed out (a peer never came)
+_ASK_PEERS_S = 2.0  # how long a rank about to abort the job waits for the others' dumps
+
+
+def finding_before_abort(exc: BaseException) -> Optional[str]:
+    """For a rank about to end the MPI job (``MPI_Abort``) under a launcher that prints no report of its own
+    (plain ``mpiexec``), with ``$POLYDIST_TRACE_DIR`` set, for ``exc`` that another rank caused (a gloo
+    collective timed out, or a peer's connection was lost): the first finding of the job's dumps, which names
+    that rank, else None.
+
+    Writes this rank's dump, asks the other live ranks noted in the trace directory for theirs (``SIGUSR1``,
+    up to 2 s; a stopped rank writes none), and says of a rank that left none, on this host, whether its
+    process is stopped (``/proc/PID/stat``): ``no dump from rank 1 (frozen: stopped (process state T), pid
+    N)``. The abort kills the others at once: the dumps are asked for while they live. Not under ``polydist
+    run``, whose launcher reports the finding itself."""
+    folder = TRACE_DIR.read()
+    if not folder or FAILURE_DIR.read() or not any(m in str(exc) for m in PEER_GONE + _TIMED_OUT):
+        return None
+    failed(exc)  # first: mpiexec may end this rank any moment (a peer was killed)
+    exc._polydist_dumped = True  # type: ignore[attr-defined]  # the abort's own hook need not write it again
+    from ..trace.analyze import diagnose, load  # the reader: only once the job fails
+    from ..trace.dump import peers_dump
+    from ..trace.signal_job import live_ranks
+    from .liveness import STOPPED, process_state, seen
+
+    peers = {rank: pid for rank, (pid, _) in live_ranks(folder)[0].items() if pid != os.getpid()}
+    peers_dump(peers, wait_s=_ASK_PEERS_S, folder=folder)
+    states = {rank: process_state(pid) for rank, pid in peers.items()}
+    fates = {rank: f"frozen: {seen(state)}, pid {peers[rank]}" for rank, state in states.items() if state in STOPPED}
+    return diagnose(load(folder), fates).headline()
+
+
 _in_worker = False  # polydist run's worker or spawn's process: its own entry dumps and installs the handlers
 
 

@@ -157,12 +157,16 @@ def _disagreement(group: tuple, dumps: Dumps, source: str = "polydist") -> Optio
     return None
 
 
-def diagnose(dumps: Dumps) -> Diagnosis:
-    """What the dumps say: stuck calls, ranks with no dump, the first disagreement per group. Never raises."""
+def diagnose(dumps: Dumps, fates: Optional[dict] = None) -> Diagnosis:
+    """What the dumps say: stuck calls, ranks with no dump, the first disagreement per group. Never raises.
+
+    ``fates``: rank -> how that rank ended or stands, where a watcher of its process knows (a launcher: "killed by
+    SIGKILL, pid N", "frozen: stopped (process state T) ..."): said of a rank that left no dump."""
     have = set(dumps.ranks) | {p.rank for p in dumps.problems}
     missing = [r for r in range(dumps.world_size or 0) if r not in have and r not in dumps.finished]
     found = Diagnosis(dumps.directory, dumps.world_size, [dumps.ranks[r] for r in sorted(dumps.ranks)],
-                      list(dumps.problems), missing, sorted(dumps.finished))  # fmt: skip
+                      list(dumps.problems), missing, sorted(dumps.finished),
+                      fates={r: f for r, f in (fates or {}).items() if r in missing})  # fmt: skip
     # polydist's own recorder, then torch's (gloo's and nccl's operations, whoever called them): each on its own,
     # since each numbers a group's collectives its own way.
     for source in ("polydist", "torch"):
@@ -226,6 +230,6 @@ def _as_dict(found: Diagnosis) -> dict:
               if len({w.call.collective for w in s.waiting}) == 1 else None} for s in found.stuck]  # fmt: skip
     return {
         "directory": found.directory, "world_size": found.world_size, "healthy": found.healthy, "ranks": ranks,
-        "missing": found.missing, "finished": found.finished, "problems": _plain(found.problems), "stuck": stuck,
+        "missing": found.missing, "fates": found.fates, "finished": found.finished, "problems": _plain(found.problems), "stuck": stuck,
         "disagreements": _plain(found.disagreements), "text": render(found),
     }  # fmt: skip

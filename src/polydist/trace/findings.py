@@ -76,6 +76,9 @@ class Findings:
     finished: list = field(default_factory=list)  # ranks with no dump that finished their program (exit code 0)
     stuck: list = field(default_factory=list)
     disagreements: list = field(default_factory=list)
+    # How a rank with no dump ended or stands, where someone who watched its process knows (a launcher, a peer on
+    # its host): rank -> "frozen: stopped (process state T) ..., pid N", "killed by SIGKILL, pid N".
+    fates: dict = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:

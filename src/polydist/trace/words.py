@@ -101,6 +101,7 @@ class _Words:
     """How one diagnosis names files (short, unambiguous), places and calls."""
 
     def __init__(self, found: Findings) -> None:
+        self.found = found
         # The files a finding can name: call sites, each main thread's innermost frame, where errors were raised.
         sites = [site for d in found.dumps for site in (innermost(d.stacks)[0], raised_at(d)[0]) if site]
         paths = {c.file for d in found.dumps for c in d.calls} | {s.file for s in sites}
@@ -153,8 +154,11 @@ class _Words:
         for (relation, kind, _), ws in clusters.items():
             ranks = [w.rank for w in ws]
             who, plural = _who(ranks), len(ranks) > 1
-            if kind in ("no dump", "unreadable"):
-                out.append(f"no dump from {who}" if kind == "no dump" else f"the dump of {who} could not be read")
+            if kind == "no dump":
+                out += self.no_dump(ranks)
+                continue
+            if kind == "unreadable":
+                out.append(f"the dump of {who} could not be read")
                 continue
             where = self.where(ws[0], "they" if plural else "it", plural, group)
             if relation == "peer":
@@ -165,6 +169,13 @@ class _Words:
             else:
                 out.append(f"{who} {relation} it — {where}")
         return out
+
+    def no_dump(self, ranks: list) -> list:
+        """``no dump from ranks 2,3``; a rank whose fate is known on its own: ``no dump from rank 1 (frozen: ...)``."""
+        fates = self.found.fates
+        plain = [r for r in ranks if r not in fates]
+        return ([f"no dump from {_who(plain)}"] if plain else []) + [
+            f"no dump from rank {r} ({fates[r]})" for r in ranks if r in fates]  # fmt: skip
 
     def stuck(self, st: Stuck) -> str:
         if st.seq is None:  # point-to-point: one rank
@@ -232,10 +243,12 @@ def render(found: Findings) -> list:
     size = f" of {found.world_size}" if found.world_size is not None else ""
     lines = [f"polydist trace {found.directory}: dumps from {len(found.dumps)}{size} ranks"]
     lines += [words.header(d) for d in found.dumps]
-    if found.missing:
-        they = len(found.missing) > 1
-        lines.append(f"no dump from {_who(found.missing)} ({'they' if they else 'it'} died before "
+    unknown = [r for r in found.missing if r not in found.fates]
+    if unknown:
+        they = len(unknown) > 1
+        lines.append(f"no dump from {_who(unknown)} ({'they' if they else 'it'} died before "
                      f"{'they' if they else 'it'} could write one, or {'were' if they else 'was'} killed by SIGKILL)")
+    lines += [f"no dump from rank {r} ({found.fates[r]})" for r in found.missing if r in found.fates]
     if found.finished:
         lines.append(f"{_who(found.finished)} finished {'their' if len(found.finished) > 1 else 'its'} program "
                      "(exit code 0) and wrote no dump")

@@ -13,10 +13,11 @@ MPI job.
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import sys
 import zlib
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch.distributed as dist
 from torch.distributed.constants import default_pg_timeout
@@ -68,7 +69,46 @@ def _end_job_on_uncaught() -> None:
     ``polydist run --fault-tolerant``, where a failing rank ends alone and the others go on."""
     if not settings.FAULT_TOLERANT.read():
         job.install_abort_hook()
+        _explain_first()
     leaving.start()  # debug mode: a rank that leaves while the others wait in a call it skipped (no world yet)
+
+
+# Called as hook(exc) -> a line or None by a rank about to abort the MPI job for an uncaught exception ``exc``,
+# before its own line: what caused it where another rank did (polydist.launch.process_setup.finding_before_abort,
+# wired in polydist._wiring: the first finding of the job's dumps). The first line given is printed, "polydist: "
+# before it, and the rank's own line follows.
+explain_abort: list = []
+
+
+def _explain_first() -> None:
+    """Put :data:`explain_abort`'s line before the abort hook's own (:func:`job.install_abort_hook`), both written
+    through to this process's stderr of now. torch's ``init_process_group`` wraps the hook in place (this one,
+    installed by the ``mpi://`` rendezvous or the MPI group's creation, before it returns) in one of its own that
+    holds what the hooks inside it write in a buffer until they return, then adds ``[rankN]:`` prefixes: after
+    ``MPI_Abort``, when mpiexec may have ended and its output with it. Idempotent."""
+    inner, out = sys.excepthook, sys.stderr
+    if not getattr(inner, "_polydist_abort", False) or getattr(inner, "_polydist_explains", False):
+        return
+
+    def hook(kind: Any, value: Any, tb: Any) -> None:
+        held = sys.stderr
+        if isinstance(held, io.StringIO):  # torch's buffer: write through instead
+            sys.stderr = out
+        try:
+            for explain in explain_abort:
+                try:
+                    line = explain(value)
+                except Exception:  # noqa: BLE001 - the abort goes on without it
+                    line = None
+                if line:
+                    sys.stderr.write(f"polydist: {line}\n")
+                    break
+            inner(kind, value, tb)
+        finally:
+            sys.stderr = held
+
+    hook._polydist_abort = hook._polydist_explains = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 class _TorchMPI:
@@ -206,10 +246,21 @@ def register() -> bool:
     if _mpi.BACKEND_NAME not in dist.Backend.backend_list:
         dist.Backend.register_backend(_mpi.BACKEND_NAME, _create, extended_api=True,
                                       devices=list(registry.get(_mpi.BACKEND_NAME).torch_devices))
-    dist.register_rendezvous_handler("mpi", job.rendezvous)
+    dist.register_rendezvous_handler("mpi", _rendezvous)
     provide_torch_mpi()
     _registered = True
     return True
+
+
+def _rendezvous(url: str, *args: Any, **kwargs: Any) -> Iterator[tuple]:
+    """``mpi://`` (:func:`job.rendezvous`); once the ranks met, an uncaught exception ends the MPI job, for any
+    backend's world, also a program's own ``init_process_group(init_method="mpi://")`` that ``polydist.initialize``
+    (``after_join``) never sees. The rendezvous started MPI, whose ``MPI_Finalize`` at exit (mpi4py's) waits for
+    every rank: a rank that raised (a gloo timeout) would wait there for a stalled or frozen peer, and mpiexec
+    with it, for ever."""
+    for met in job.rendezvous(url, *args, **kwargs):
+        _end_job_on_uncaught()
+        yield met
 
 
 class _MpiJob(registry.Lifecycle):
