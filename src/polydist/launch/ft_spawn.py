@@ -46,7 +46,7 @@ def spawn_fault_tolerant(backend: Optional[str], fn: Callable, args: tuple, kwar
         backend=backend, nproc_per_node=nproc_per_node, nnodes=(nnodes, nnodes), node_rank=node_rank,
         master_addr=master_addr, master_port=master_port, rdzv_endpoint=None, replica_group_size=replica_group_size,
         min_replicas=min_replicas, max_restarts=max_restarts or 0, max_restarts_given=max_restarts is not None,
-        no_prefix=False, timeout=getattr(timeout, "total_seconds", lambda: timeout)(),
+        no_prefix=False, timeout=getattr(timeout, "total_seconds", lambda: timeout)(), hostfile=None,
     )  # fmt: skip
     refused = fault_tolerant.refusal(ns)
     if refused:
