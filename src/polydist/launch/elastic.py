@@ -40,7 +40,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from .. import _torch_elastic, settings
 from ..errors import WorkerFailedError
 from ..trace.dump import DUMP_NOTE
-from .liveness import NO_TRACEBACK, Watch, end_frozen, note_of
+from .liveness import NO_TRACEBACK, Watch, end_frozen, fate, note_of
 from .restarts import announce, check_max_restarts, exhausted
 from .process_setup import PEER_GONE, signal_name
 from .worker_logs import Logs, logs_specs
@@ -355,7 +355,7 @@ def _failure_report(failures: dict, nnodes: int = 1, max_restarts: int = 0) -> W
     if max_restarts:
         lines.insert(0, exhausted(max_restarts))
     details = {r: (f.exitcode, _traceback(f)) for r, f in failures.items()}
-    fates = {r: fate for r, fate in ((r, _fate(f)) for r, f in failures.items()) if fate}
+    fates = {r: how for r, f in failures.items() if (how := _fate(f))}
     return WorkerFailedError("\n".join(lines), details, root_rank, fates)
 
 
@@ -364,7 +364,7 @@ def _fate(failure: Any) -> Optional[str]:
     T) for 3.1 s, pid N`` (the liveness watch), ``killed by SIGKILL, pid N``; None otherwise."""
     frozen = note_of(failure.pid)
     if frozen:
-        return f"{frozen.split(',')[0]}, pid {failure.pid}"
+        return fate(frozen, failure.pid)
     if failure.exitcode is not None and failure.exitcode < 0:
         return f"killed by {signal_name(-failure.exitcode)}, pid {failure.pid}"
     return None

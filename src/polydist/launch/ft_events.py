@@ -70,7 +70,7 @@ def record(kind: str, replica: int, **fields: Any) -> None:
         raise ValueError(f"not a valid {kind!r} event: {event!r}")
     line = json.dumps(event, separators=(",", ":")) + "\n"
     if folder.startswith(_STREAM):  # one write(2) of a short line: never split by another thread's output
-        os.write(2, _MARK + folder[len(_STREAM):].encode("ascii", "replace") + b" " + line.encode("utf-8"))
+        os.write(2, _mark(folder) + line.encode("utf-8"))
         return
     f = _files.get(folder)
     if f is None:
@@ -131,6 +131,11 @@ class Reader:
         """Nothing to wait for: a file's lines are there once written (as :meth:`StreamReader.close`)."""
 
 
+def _mark(value: str) -> bytes:
+    """What starts each event's line on stderr in the job whose ``$POLYDIST_FT_EVENTS`` is ``value``."""
+    return _MARK + value[len(_STREAM):].encode("ascii", "replace") + b" "
+
+
 def stream_value() -> str:
     """A fresh ``$POLYDIST_FT_EVENTS`` for a job whose events travel on stderr (a random token per job: a line
     of another job's log that passes through, or an old log printed by the program, is not taken for an event)."""
@@ -143,7 +148,7 @@ class StreamReader:
     it comes; :meth:`new` as :class:`Reader`'s. The thread ends at the stream's end (:meth:`close` waits)."""
 
     def __init__(self, value: str, stream: BinaryIO, out: BinaryIO) -> None:
-        self._mark = _MARK + value[len(_STREAM):].encode("ascii", "replace") + b" "
+        self._mark = _mark(value)
         self._stream, self._out = stream, out
         self._events: list[dict] = []
         self._lock = threading.Lock()

@@ -36,7 +36,7 @@ from typing import Mapping, Optional
 
 from .. import settings
 
-__all__ = ["Watch", "Frozen", "process_state", "seen", "note_of", "end_frozen", "NO_TRACEBACK"]
+__all__ = ["Watch", "Frozen", "process_state", "seen", "fate", "note_of", "end_frozen", "NO_TRACEBACK"]
 
 STOPPED = ("T", "t")  # stopped by a signal; stopped by a tracer (ptrace)
 _SEEN = {"T": "stopped (process state T)", "t": "in a trace stop (process state t)"}
@@ -134,6 +134,12 @@ def end_frozen(frozen: Frozen, others: Mapping[int, int], folder: Optional[str] 
         os.kill(frozen.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def fate(note: str, pid: Optional[int]) -> str:
+    """A frozen rank's fate for a report's first line, from its :meth:`Frozen.note` (kept as text: in the launcher,
+    in the job's folder): the note's first clause and the pid, ``frozen: stopped (process state T) for 3.1 s, pid N``."""
+    return f"{note.split(',')[0]}, pid {pid}"
 
 
 def note_of(pid: Optional[int]) -> Optional[str]:

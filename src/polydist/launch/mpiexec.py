@@ -39,7 +39,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from .._failure_record import recorded_failures
 from ..settings import FAILURE_DIR
-from .liveness import NO_TRACEBACK, Watch, end_frozen
+from .liveness import NO_TRACEBACK, Watch, end_frozen, fate
 from ..trace.dump import EXIT_NOTICES
 from ..errors import WorkerFailedError
 from . import rank_parent
@@ -370,7 +370,7 @@ def _failure_report(failures: str, code: int, output: str = "", first: Sequence[
             f"--- traceback of rank {rank} ---",
             NO_TRACEBACK,
         ]
-        return WorkerFailedError("\n".join(lines), {rank: (code, "")}, rank, {rank: f"{note.split(',')[0]}, pid {pid}"})
+        return WorkerFailedError("\n".join(lines), {rank: (code, "")}, rank, {rank: fate(note, pid)})
     if not recorded:
         killed = _killed_rank(failures, code, output, first)
         if killed is not None:

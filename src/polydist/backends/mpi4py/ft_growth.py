@@ -62,7 +62,7 @@ class Growth:
             with self._lock:
                 self.merged = merged
                 if self._given_up:  # given up while it was starting
-                    self._revoke()
+                    self._tell_to_leave()
         except BaseException as exc:  # noqa: BLE001 - the vote makes every live rank give this replacement up
             self.error = exc
         finally:
@@ -83,9 +83,9 @@ class Growth:
         state fails: ``MPI_ERR_REVOKED``)."""
         with self._lock:
             self._given_up = True
-            self._revoke()
+            self._tell_to_leave()
 
-    def _revoke(self) -> None:
+    def _tell_to_leave(self) -> None:
         if self.merged is not None:
             _send_away(self.merged)
 

@@ -41,7 +41,7 @@ import socket
 import sys
 import time
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import numpy as np
 import torch
@@ -350,17 +350,11 @@ def start(command: list) -> tuple:
         comm = ulfm.join_parent()
         try:
             payload = _receive(comm)
-            if not payload:  # LEAVE: the live ranks gave this replacement up (the job ended first...)
-                ft_growth.leave(comm)
-                why = "told to leave"
-        except MPI.Exception as exc:  # revoked: the same, told by a revoke
-            payload, why = b"", exc.Get_error_string().strip()
-        if not payload:
-            print(f"polydist: replica group {settings.FT_REPLICA.read()}: the live ranks gave this replacement up "
-                  f"before sending it the state ({why}); leaving", file=sys.stderr, flush=True)
-            if why == "told to leave":  # by the handshake: nothing of MPI's is pending with the others
-                ulfm.finalize()
-            os._exit(0)
+        except MPI.Exception as exc:  # revoked: the live ranks gave this replacement up (the job ended first...)
+            _given_up(exc.Get_error_string().strip(), finalize=False)
+        if not payload:  # LEAVE: the same, told by the handshake
+            ft_growth.leave(comm)
+            _given_up("told to leave", finalize=True)  # nothing of MPI's is pending with the others
         header = _header(codec.decode(payload))
         replica = settings.FT_REPLICA.read()
         if replica is None:
@@ -378,6 +372,16 @@ def start(command: list) -> tuple:
     manager = UlfmManager(comm, list(range(comm.Get_size())), comm.Get_rank(), 0, command, replacements)
     manager._learn_pids()
     return manager, comm.Get_rank(), replicas
+
+
+def _given_up(why: str, finalize: bool) -> NoReturn:
+    """A replacement the live ranks gave up before sending it the state leaves (exit code 0), saying ``why``;
+    with ``MPI_Finalize`` where ``finalize`` (else without: a revoke may leave MPI's calls pending)."""
+    print(f"polydist: replica group {settings.FT_REPLICA.read()}: the live ranks gave this replacement up before "
+          f"sending it the state ({why}); leaving", file=sys.stderr, flush=True)
+    if finalize:
+        ulfm.finalize()
+    os._exit(0)
 
 
 def _header(header: Any) -> dict:
